@@ -1,0 +1,25 @@
+# Two entry points for a fresh machine: `make demo` (install, small CPU sweep, report)
+# and `make test` (install, the test suite). Everything else is a building block.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# CPU machines (no nvidia-smi) take the local CPU wheel; GPU machines get pip's normal torch.
+TORCH_CPU := torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test report ui bench clean-runs
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	command -v nvidia-smi >/dev/null 2>&1 || $(BIN)/python -m pip install -q $(TORCH_CPU)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+clean-runs:
+	rm -rf .ddl reports/*/

@@ -1,0 +1,58 @@
+"""Where the project keeps what it generates: one fixed home per project.
+
+`DDL_HOME` overrides it. Otherwise a source checkout keeps everything in `<checkout>/.ddl`
+(so `make report` and `make ui` find every run, whatever directory a run started from),
+and an installed wheel uses `~/.local/share/ddl`.
+
+    $DDL_HOME/mlflow.db        MLflow tracking store (SQLite)
+    $DDL_HOME/mlartifacts/     MLflow artifacts
+    $DDL_HOME/data/<name>/     token shards + manifest + tokenizer
+    $DDL_HOME/runs/<sig>/      checkpoints and logs of one run, named by its signature
+    $DDL_HOME/sweeps/<name>/   launcher logs (submitit)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def project_root() -> Path | None:
+    """The source checkout this package runs from, or None for an installed wheel."""
+    return _CHECKOUT if (_CHECKOUT / "pyproject.toml").is_file() else None
+
+
+def home() -> Path:
+    env = os.environ.get("DDL_HOME")
+    if env:
+        return Path(env).expanduser().resolve()
+    root = project_root()
+    return root / ".ddl" if root else Path.home() / ".local" / "share" / "ddl"
+
+
+def data_dir() -> Path:
+    return home() / "data"
+
+
+def runs_dir() -> Path:
+    return home() / "runs"
+
+
+def sweeps_dir() -> Path:
+    return home() / "sweeps"
+
+
+def tracking_uri() -> str:
+    """MLFLOW_TRACKING_URI wins (a team server); else the project's SQLite store."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home() / 'mlflow.db'}"
+
+
+def artifacts_dir() -> Path:
+    return home() / "mlartifacts"
+
+
+def reports_dir() -> Path:
+    root = project_root()
+    return (root / "reports") if root else home() / "reports"
