@@ -1,0 +1,154 @@
+"""ModelConfig: the only thing a model is built from (a frozen, self-validating dataclass).
+
+Knob semantics (paper sections 3-4, appendix B; the reference implementation where it is silent):
+- residual: 'baseline' (x <- x + F(norm x)) or 'ddl' (the Delta residual).
+- dv: value channels d_v of the state X (d x d_v). d_v = 1 is Eq. 3.1, d_v > 1 section 4.2.
+- conv: how the expanded state is read and initialised (d_v > 1 only).
+    none   repeat the embedding over d_v; compress with a causal depthwise conv over T + read vector
+    ec     like none, but expand the embedding with an identity-initialised causal conv over T
+    cc     compress with a per-feature conv along the d_v axis + read vector
+    cc_ec  cc + ec
+- state_conv_kernel: the compressor's kernel. Over T for none/ec (default 4); along d_v for
+  cc/cc_ec (default d_v, the paper's setting; larger than d_v is an error).
+- beta_init: the gate's value at init, in [0, 2]; the gate bias is logit(beta_init / 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+RESIDUALS = ("baseline", "ddl")
+CONVS = ("none", "ec", "cc", "cc_ec")
+MAPPINGS = ("k", "v")
+BETA_ESTIMATORS = ("linear", "mlp")
+DEFAULT_TIME_KERNEL = 4
+
+
+def _fail(key: str, value, allowed: str):
+    raise ValueError(f"{key}={value!r}: {allowed}")
+
+
+def _need_int(key: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        _fail(key, value, f"must be an integer >= {minimum}")
+
+
+def _need_choice(key: str, value, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        _fail(key, value, f"must be one of {', '.join(choices)}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 50304
+    n_layer: int = 12
+    n_head: int = 6
+    d_model: int = 768
+    max_seq_len: int = 1024
+    residual: str = "baseline"
+    dv: int = 1
+    conv: str = "none"
+    mapping: str = "k"
+    beta_init: float = 1.0
+    beta_estimator: str = "linear"
+    beta_hidden: int = 128
+    k_eps: float = 1e-5
+    v_sigmoid_scale: float = 4.0
+    state_conv_kernel: int | None = None
+    embed_conv_kernel: int = DEFAULT_TIME_KERNEL
+    read_init: float | None = None
+    rope_base: float = 10000.0
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        for key in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len", "dv", "beta_hidden",
+                    "embed_conv_kernel"):
+            _need_int(key, getattr(self, key), 1)
+        _need_choice("residual", self.residual, RESIDUALS)
+        _need_choice("conv", self.conv, CONVS)
+        _need_choice("mapping", self.mapping, MAPPINGS)
+        _need_choice("beta_estimator", self.beta_estimator, BETA_ESTIMATORS)
+        if self.d_model % self.n_head:
+            _fail("d_model", self.d_model, f"must be divisible by n_head={self.n_head}")
+        if (self.d_model // self.n_head) % 2:
+            _fail("d_model", self.d_model, f"d_model / n_head must be even for RoPE (n_head={self.n_head})")
+        if isinstance(self.beta_init, bool) or not isinstance(self.beta_init, (int, float)) \
+                or not 0.0 <= self.beta_init <= 2.0:
+            _fail("beta_init", self.beta_init, "must be a number in [0, 2] (beta = 2*sigmoid(.) lives there)")
+        for key in ("k_eps", "v_sigmoid_scale"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                _fail(key, value, "must be a number >= 0")
+        if self.state_conv_kernel is not None:
+            _need_int("state_conv_kernel", self.state_conv_kernel, 1)
+        if self.residual == "ddl":
+            if self.conv != "none" and self.dv == 1:
+                _fail("conv", self.conv, "needs dv > 1 (the conv variants act on the expanded state); use conv=none")
+            if self.channel_conv and self.state_kernel > self.dv:
+                _fail("state_conv_kernel", self.state_kernel, f"must be <= dv={self.dv} for conv={self.conv}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def expanded(self) -> bool:
+        """True when the residual state is a d x d_v matrix per token (DDL with d_v > 1)."""
+        return self.residual == "ddl" and self.dv > 1
+
+    @property
+    def channel_conv(self) -> bool:
+        return self.conv in ("cc", "cc_ec")
+
+    @property
+    def embed_conv(self) -> bool:
+        return self.conv in ("ec", "cc_ec")
+
+    @property
+    def state_kernel(self) -> int:
+        if self.state_conv_kernel is not None:
+            return self.state_conv_kernel
+        return self.dv if self.channel_conv else DEFAULT_TIME_KERNEL
+
+    @property
+    def read_value(self) -> float:
+        return 1.0 / self.dv if self.read_init is None else float(self.read_init)
+
+    def effective(self) -> "ModelConfig":
+        """The canonical config: knobs that cannot change the numbers are reset to defaults.
+
+        Two configs with the same effective() build the same model from the same seed, so the
+        launcher's run signature (a hash of this) dedups e.g. baseline dv=1 and baseline dv=4.
+        """
+        defaults = ModelConfig()
+        ddl_knobs = ("dv", "conv", "mapping", "beta_init", "beta_estimator", "beta_hidden", "k_eps",
+                     "v_sigmoid_scale", "state_conv_kernel", "embed_conv_kernel", "read_init")
+        if self.residual == "baseline":
+            return dataclasses.replace(self, **{k: getattr(defaults, k) for k in ddl_knobs})
+        changes: dict = {"beta_init": float(self.beta_init)}
+        if self.beta_estimator == "linear":
+            changes["beta_hidden"] = defaults.beta_hidden
+        if self.expanded:
+            changes["state_conv_kernel"] = self.state_kernel
+            changes["read_init"] = self.read_value
+        else:
+            changes.update(state_conv_kernel=None, read_init=None)
+        if not self.embed_conv:
+            changes["embed_conv_kernel"] = defaults.embed_conv_kernel
+        return dataclasses.replace(self, **changes)
+
+
+# Paper Table 4 (small, medium) plus CPU sizes for tests and the embedded demo.
+SIZES: dict[str, dict[str, int]] = {
+    "micro": dict(n_layer=2, n_head=2, d_model=64, max_seq_len=256),
+    "tiny": dict(n_layer=4, n_head=4, d_model=128, max_seq_len=256),
+    "small": dict(n_layer=12, n_head=6, d_model=768, max_seq_len=1024),
+    "medium": dict(n_layer=24, n_head=8, d_model=1024, max_seq_len=1024),
+}
+
+
+def model_config(size: str, **overrides) -> ModelConfig:
+    if size not in SIZES:
+        _fail("model", size, f"must be one of {', '.join(SIZES)}")
+    return ModelConfig(**{**SIZES[size], **overrides})

@@ -1,0 +1,142 @@
+"""The Deep Delta residual (paper sections 2-4, appendix B).
+
+State X is (B, T, d, d_v); d_v = 1 is the vector case of Eq. 3.1 with a trailing axis of 1.
+One Delta sublayer, given the sublayer output h = F(RMSNorm(x_in)):
+
+    k    = k~ / ||k~||          k-Map: k~ = h            v-Map: k~ = phi_k(.)
+    beta = 2 sigmoid(Linear(c))  c = RMSNorm(x_in), logits in fp32
+    v    = s sigmoid(W_v u)      k-Map: u = x_in         v-Map: u = h
+    X   <- X + beta k (v^T - k^T X)                      (Eq. 2.5)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+
+
+def delta_update(X: torch.Tensor, k_hat: torch.Tensor, beta: torch.Tensor, v: torch.Tensor,
+                 k_scale: float) -> torch.Tensor:
+    """Eq. 2.5, X + beta k (v^T - k^T X), with the unit direction k = k_hat * k_scale.
+
+    k_hat is RMS-normalised (entries O(1)) and k_scale = 1/sqrt(d) is applied outside the dot
+    products, which keeps bf16 precision (paper 4.1, "precision-friendly normalization").
+    X (B,T,d,dv), k_hat (B,T,d), beta (B,T,1) fp32, v (B,T,dv).
+    """
+    acc = _at_least_fp32(X.dtype)
+    proj = (k_hat.unsqueeze(-2) @ X).squeeze(-2).to(acc) * k_scale         # k^T X: (B,T,dv)
+    delta = (beta * (v.to(acc) - proj) * k_scale).to(X.dtype)              # (B,T,dv)
+    return X + k_hat.unsqueeze(-1) * delta.unsqueeze(-2)                   # rank-1 write
+
+
+def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-6), 1.0 - 1e-6)  # beta_init 0 or 2: a large finite logit, the saturated limit
+    return math.log(p / (1.0 - p))
+
+
+class DeltaResidual(nn.Module):
+    """Produces (k_hat, beta, v) for one sublayer and applies the Delta update to the state."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d = cfg.d_model
+        self.mapping = cfg.mapping
+        self.read_k_from_context = cfg.dv == 1  # v-Map: phi_k(x_ctx) for d_v=1, phi_k(x_in) for d_v>1
+        self.k_eps, self.k_scale = cfg.k_eps, 1.0 / math.sqrt(d)
+        self.v_scale = cfg.v_sigmoid_scale
+        if cfg.beta_estimator == "linear":
+            self.beta_gate = nn.Linear(d, 1, bias=True)
+        else:
+            self.beta_gate = nn.Sequential(nn.Linear(d, cfg.beta_hidden, bias=False), nn.Tanh(),
+                                           nn.Linear(cfg.beta_hidden, 1, bias=True))
+        self.W_v = nn.Linear(d, cfg.dv, bias=True)
+        self.phi_k = nn.Linear(d, d, bias=False) if cfg.mapping == "v" else None
+        self.beta_bias_init = _logit(cfg.beta_init / 2.0)
+        self.last_beta: torch.Tensor | None = None  # (B,T,1), detached, for beta_stats()
+
+    def components(self, h: torch.Tensor, x_in: torch.Tensor, c: torch.Tensor):
+        """k_hat (B,T,d) with k = k_hat / sqrt(d), beta (B,T,1) fp32, v (B,T,dv)."""
+        logits = self.beta_gate(c)
+        beta = 2.0 * torch.sigmoid(logits.to(_at_least_fp32(logits.dtype)))
+        if self.mapping == "k":
+            k_raw, v_raw = h, self.W_v(x_in)
+        else:
+            k_raw, v_raw = self.phi_k(c if self.read_k_from_context else x_in), self.W_v(h)
+        d = k_raw.size(-1)
+        k_hat = F.rms_norm(k_raw, (d,), eps=self.k_eps ** 2 / d)  # = sqrt(d) k~ / sqrt(|k~|^2 + k_eps^2)
+        v = self.v_scale * torch.sigmoid(v_raw)
+        return k_hat, beta, v
+
+    def forward(self, X: torch.Tensor, h: torch.Tensor, x_in: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        k_hat, beta, v = self.components(h, x_in, c)
+        self.last_beta = beta.detach()
+        return delta_update(X, k_hat, beta, v, self.k_scale)
+
+
+def _causal_time_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Depthwise causal conv over T. x (B,T,C), weight (C_out,1,K) with C_out a multiple of C."""
+    K = weight.size(-1)
+    y = F.conv1d(F.pad(x.transpose(1, 2), (K - 1, 0)), weight, groups=x.size(-1))
+    return y.transpose(1, 2)                                                # (B,T,C_out)
+
+
+class TimeConvCompressor(nn.Module):
+    """conv none/ec: x_in = sum_j w_p[j] * ShortConv_T(X)[..., j] (appendix B.3)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        K, channels = cfg.state_kernel, cfg.d_model * cfg.dv
+        self.weight = nn.Parameter(torch.empty(channels, 1, K).uniform_(-K ** -0.5, K ** -0.5))
+        self.read = nn.Parameter(torch.full((cfg.dv,), cfg.read_value))   # w_p
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        B, T, d, dv = X.shape
+        X_conv = _causal_time_conv(X.reshape(B, T, d * dv), self.weight).view(B, T, d, dv)
+        return X_conv @ self.read.to(X.dtype)                                  # (B,T,d)
+
+
+class ChannelConvCompressor(nn.Module):
+    """conv cc/cc_ec: per-feature causal conv along the d_v axis, then the read vector.
+
+    With kernel = d_v this is x_in[i] = sum_j a[i, j] X[i, j], a per-feature weighted sum.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        K = cfg.state_kernel
+        self.weight = nn.Parameter(torch.empty(cfg.d_model, K).uniform_(-K ** -0.5, K ** -0.5))
+        self.read = nn.Parameter(torch.full((cfg.dv,), cfg.read_value))
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        K = self.weight.size(-1)
+        windows = F.pad(X, (K - 1, 0)).unfold(-1, K, 1)                        # (B,T,d,dv,K)
+        X_conv = torch.einsum("btdjk,dk->btdj", windows, self.weight.to(X.dtype))
+        return X_conv @ self.read.to(X.dtype)                                   # (B,T,d)
+
+
+def make_compressor(cfg: ModelConfig) -> nn.Module:
+    return ChannelConvCompressor(cfg) if cfg.channel_conv else TimeConvCompressor(cfg)
+
+
+class EmbedExpander(nn.Module):
+    """conv ec/cc_ec: causal depthwise conv over T mapping (B,T,d) -> (B,T,d,dv), identity at init."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dv, K = cfg.dv, cfg.embed_conv_kernel
+        weight = torch.zeros(cfg.d_model * cfg.dv, 1, K)
+        weight[:, 0, -1] = 1.0  # the current token's tap: X0[:, t, i, j] = x_emb[:, t, i]
+        self.weight = nn.Parameter(weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, d = x.shape
+        return _causal_time_conv(x, self.weight.to(x.dtype)).view(B, T, d, self.dv)

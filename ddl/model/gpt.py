@@ -1,0 +1,194 @@
+"""GPT backbone shared by both arms; only the residual rule differs (paper section 4).
+
+Pre-norm RMSNorm, causal multi-head attention with RoPE and QK-RMSNorm, SwiGLU MLP with
+hidden floor(8/3 d), no biases, tied embedding / LM head, final RMSNorm.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .delta import DeltaResidual, EmbedExpander, make_compressor
+
+NORM_EPS = 1e-6
+
+
+def rope_tables(head_dim: int, max_seq_len: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)  # (T, Dh/2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B,H,T,Dh): rotate each (first half, second half) pair by its position's angle."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.q_norm = nn.RMSNorm(cfg.head_dim, eps=NORM_EPS)
+        self.k_norm = nn.RMSNorm(cfg.head_dim, eps=NORM_EPS)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, d = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).transpose(1, 3).unbind(2)  # (B,H,T,Dh)
+        q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, d))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hidden = math.floor(8 / 3 * cfg.d_model)
+        self.w_gate = nn.Linear(cfg.d_model, hidden, bias=False)
+        self.w_up = nn.Linear(cfg.d_model, hidden, bias=False)
+        self.w_down = nn.Linear(hidden, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+class AdditiveBlock(nn.Module):
+    """Baseline: x <- x + F(norm(x)) for attention, then for the MLP."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm_attn, self.attn = nn.RMSNorm(cfg.d_model, eps=NORM_EPS), CausalSelfAttention(cfg)
+        self.norm_mlp, self.mlp = nn.RMSNorm(cfg.d_model, eps=NORM_EPS), SwiGLU(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm_attn(x), cos, sin)
+        return x + self.mlp(self.norm_mlp(x))
+
+
+class DeltaBlock(nn.Module):
+    """DDL: per sublayer compress -> process -> expand (section 4.2). The state X is (B,T,d,dv).
+
+    For d_v = 1 the compressor is the identity (x_in = x, Eq. 3.1); for d_v > 1 one
+    compressor per block serves both sublayers, as in the reference implementation.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.compress = make_compressor(cfg) if cfg.expanded else None
+        self.norm_attn, self.attn = nn.RMSNorm(cfg.d_model, eps=NORM_EPS), CausalSelfAttention(cfg)
+        self.norm_mlp, self.mlp = nn.RMSNorm(cfg.d_model, eps=NORM_EPS), SwiGLU(cfg)
+        self.delta_attn, self.delta_mlp = DeltaResidual(cfg), DeltaResidual(cfg)
+
+    def read(self, X: torch.Tensor) -> torch.Tensor:
+        return X.squeeze(-1) if self.compress is None else self.compress(X)   # x_in: (B,T,d)
+
+    def forward(self, X: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x_in = self.read(X)
+        c = self.norm_attn(x_in)
+        X = self.delta_attn(X, self.attn(c, cos, sin), x_in, c)
+        x_in = self.read(X)
+        c = self.norm_mlp(x_in)
+        return self.delta_mlp(X, self.mlp(c), x_in, c)
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        block = DeltaBlock if cfg.residual == "ddl" else AdditiveBlock
+        self.blocks = nn.ModuleList(block(cfg) for _ in range(cfg.n_layer))
+        self.expand = EmbedExpander(cfg) if cfg.expanded and cfg.embed_conv else None
+        self.readout = make_compressor(cfg) if cfg.expanded else None   # final readout before norm_f
+        self.norm_f = nn.RMSNorm(cfg.d_model, eps=NORM_EPS)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        std = self.cfg.init_std
+        residual_out_std = std / math.sqrt(2 * self.cfg.n_layer)
+        for name, module in self.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                is_out = name.endswith(("attn.proj", "mlp.w_down"))
+                nn.init.normal_(module.weight, 0.0, residual_out_std if is_out else std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+        for _, delta in self.delta_residuals():  # after the generic pass, which zeroes biases
+            gate_out = delta.beta_gate if isinstance(delta.beta_gate, nn.Linear) else delta.beta_gate[-1]
+            nn.init.constant_(gate_out.bias, delta.beta_bias_init)       # beta = beta_init at init
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        B, T = idx.shape
+        if T > self.cfg.max_seq_len:
+            raise ValueError(f"sequence length {T} exceeds max_seq_len={self.cfg.max_seq_len}")
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        x = self.wte(idx)                                                      # (B,T,d)
+        if self.cfg.residual == "ddl":
+            if self.expand is not None:
+                X = self.expand(x)                                             # (B,T,d,dv), EC
+            else:
+                X = x.unsqueeze(-1).expand(B, T, self.cfg.d_model, self.cfg.dv)  # X0 = x_emb 1^T
+            for block in self.blocks:
+                X = block(X, cos, sin)
+            x = X.squeeze(-1) if self.readout is None else self.readout(X)    # (B,T,d)
+        else:
+            for block in self.blocks:
+                x = block(x, cos, sin)
+        logits = self.lm_head(self.norm_f(x)).float()                          # (B,T,V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, loss
+
+    def delta_residuals(self) -> list[tuple[str, DeltaResidual]]:
+        return [(f"L{i:02d}.{part}", getattr(block, f"delta_{part}"))
+                for i, block in enumerate(self.blocks) if isinstance(block, DeltaBlock)
+                for part in ("attn", "mlp")]
+
+    @torch.no_grad()
+    def beta_stats(self) -> dict[str, float]:
+        """Per-sublayer beta from the last forward: mean, std, fraction > 1 (negative eigenvalue)."""
+        stats: dict[str, float] = {}
+        betas = []
+        for name, module in self.delta_residuals():
+            if module.last_beta is None:
+                continue
+            beta = module.last_beta.flatten()
+            betas.append(beta)
+            stats[f"beta/{name}/mean"] = beta.mean().item()
+            stats[f"beta/{name}/std"] = beta.std().item() if beta.numel() > 1 else 0.0
+            stats[f"beta/{name}/frac_gt1"] = (beta > 1).float().mean().item()
+        if betas:
+            every = torch.cat(betas)
+            stats["beta/mean"] = every.mean().item()
+            stats["beta/frac_gt1"] = (every > 1).float().mean().item()
+        return stats
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # the tied embedding is counted once
+
+
+def ddl_extra_params(cfg: ModelConfig) -> int:
+    """Parameters a DDL config adds over the same-size baseline (analytic; tested against GPT)."""
+    if cfg.residual == "baseline":
+        return 0
+    d, dv = cfg.d_model, cfg.dv
+    gate = d + 1 if cfg.beta_estimator == "linear" else d * cfg.beta_hidden + cfg.beta_hidden + 1
+    per_delta = gate + d * dv + dv + (d * d if cfg.mapping == "v" else 0)
+    compressor = 0
+    if cfg.expanded:
+        compressor = (d if cfg.channel_conv else d * dv) * cfg.state_kernel + dv
+    expander = d * dv * cfg.embed_conv_kernel if cfg.expanded and cfg.embed_conv else 0
+    return cfg.n_layer * (2 * per_delta + compressor) + (compressor + expander)

@@ -1,0 +1,166 @@
+"""The implemented models: the paper's update, identities, causality, parameter counts, validation."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from ddl.model import GPT, ModelConfig, ddl_extra_params, model_config
+from ddl.model.delta import ChannelConvCompressor, EmbedExpander
+
+VOCAB = 64
+VARIANTS = {
+    "baseline": dict(residual="baseline"),
+    "ddl_dv1_k": dict(residual="ddl"),
+    "ddl_dv1_v": dict(residual="ddl", mapping="v"),
+    "ddl_dv4": dict(residual="ddl", dv=4),
+    "ddl_dv4_ec": dict(residual="ddl", dv=4, conv="ec"),
+    "ddl_dv4_cc": dict(residual="ddl", dv=4, conv="cc"),
+    "ddl_dv4_cc_ec": dict(residual="ddl", dv=4, conv="cc_ec"),
+    "ddl_dv4_v_mlp": dict(residual="ddl", dv=4, mapping="v", beta_estimator="mlp", beta_hidden=8),
+}
+
+
+def micro(dtype=torch.float32, **kw):
+    torch.manual_seed(0)
+    return GPT(model_config("micro", vocab_size=VOCAB, **kw)).to(dtype)
+
+
+def tokens(B=2, T=12, seed=0):
+    return torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("dv", [1, 4])
+@pytest.mark.parametrize("mapping", ["k", "v"])
+def test_delta_sublayer_equals_float64_eq_2_4(dv, mapping):
+    """Run one DDL sublayer and rebuild Eq. 2.4 from the module's own k, beta, v."""
+    model = micro(torch.float64, residual="ddl", dv=dv, mapping=mapping)
+    block, delta = model.blocks[0], model.blocks[0].delta_attn
+    X = torch.randn(2, 5, 64, dv, dtype=torch.float64)
+    cos, sin = model.rope_cos[:5], model.rope_sin[:5]
+    x_in = block.read(X)
+    c = block.norm_attn(x_in)
+    h = block.attn(c, cos, sin)
+    out = delta(X, h, x_in, c)
+    k_hat, beta, v = delta.components(h, x_in, c)
+    k = k_hat / 64 ** 0.5
+    A = torch.eye(64, dtype=torch.float64) - beta[..., None] * k[..., :, None] * k[..., None, :]
+    expected = A @ X + beta[..., None] * k[..., :, None] * v[..., None, :]       # Eq. 2.4
+    assert torch.allclose(out, expected, atol=1e-10)
+    assert torch.allclose(k.norm(dim=-1), torch.ones(2, 5, dtype=torch.float64), atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["ddl_dv1_k", "ddl_dv4", "ddl_dv4_cc_ec"])
+def test_beta_to_zero_makes_each_sublayer_the_identity(name):
+    model = micro(torch.float64, beta_init=0.0, **VARIANTS[name])
+    for _, delta in model.delta_residuals():
+        torch.nn.init.constant_(delta.beta_gate.bias, -1e4)   # the saturated limit beta -> 0
+    X = torch.randn(2, 6, 64, model.cfg.dv, dtype=torch.float64)
+    cos, sin = model.rope_cos[:6], model.rope_sin[:6]
+    for block in model.blocks:
+        assert torch.allclose(block(X, cos, sin), X, atol=1e-8)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_causality(name):
+    model = micro(**VARIANTS[name]).eval()
+    idx = tokens(T=16)
+    t = 9
+    changed = idx.clone()
+    changed[:, t + 1:] = (changed[:, t + 1:] + 1) % VOCAB
+    with torch.no_grad():
+        a, _ = model(idx)
+        b, _ = model(changed)
+    assert torch.equal(a[:, : t + 1], b[:, : t + 1])
+    assert not torch.allclose(a[:, t + 1:], b[:, t + 1:])
+
+
+def test_ec_at_init_repeats_the_embedding():
+    cfg = model_config("micro", vocab_size=VOCAB, residual="ddl", dv=4, conv="ec")
+    x = torch.randn(2, 7, 64)
+    assert torch.equal(EmbedExpander(cfg)(x), x.unsqueeze(-1).expand(2, 7, 64, 4))
+
+
+def test_cc_with_kernel_dv_is_a_per_feature_weighted_sum():
+    cfg = model_config("micro", vocab_size=VOCAB, residual="ddl", dv=4, conv="cc")
+    assert cfg.state_kernel == 4
+    compress = ChannelConvCompressor(cfg).double()
+    X = torch.randn(2, 3, 64, 4, dtype=torch.float64)
+    out = compress(X)
+    # the linear map per feature i: a[i, j] = response to a unit impulse in value channel j
+    a = torch.stack([compress(torch.eye(4, dtype=torch.float64)[j].expand(1, 1, 64, 4))[0, 0]
+                     for j in range(4)], dim=-1)                                   # (d, dv)
+    assert torch.allclose(out, (X * a).sum(-1), atol=1e-12)
+
+
+def test_parameter_counts_match_the_paper():
+    assert abs(GPT(model_config("small")).num_params() / 124e6 - 1) < 0.01
+    assert abs(GPT(model_config("medium")).num_params() / 353e6 - 1) < 0.01
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_ddl_extra_params(name):
+    cfg = model_config("micro", vocab_size=VOCAB, **VARIANTS[name])
+    base = GPT(dataclasses.replace(cfg, residual="baseline")).num_params()
+    assert GPT(cfg).num_params() - base == ddl_extra_params(cfg)
+    assert (ddl_extra_params(cfg) > 0) == (cfg.residual == "ddl")
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_gradients_reach_every_parameter_and_bf16_is_finite(name):
+    model = micro(**VARIANTS[name])
+    idx = tokens()
+    _, loss = model(idx, tokens(seed=1))
+    loss.backward()
+    dead = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not dead
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, loss = model(idx, tokens(seed=1))
+    assert torch.isfinite(logits).all() and torch.isfinite(loss)
+
+
+def test_beta_stats_follow_beta_init():
+    model = micro(residual="ddl", dv=4, beta_init=0.5)
+    model(tokens())
+    stats = model.beta_stats()
+    assert abs(stats["beta/mean"] - 0.5) < 0.05
+    assert stats["beta/frac_gt1"] == 0.0
+    assert {"beta/L00.attn/mean", "beta/L01.mlp/std", "beta/L01.mlp/frac_gt1"} <= stats.keys()
+    assert micro().beta_stats() == {}
+
+
+def test_effective_config_drops_knobs_that_cannot_change_the_numbers():
+    base = model_config("micro", residual="baseline")
+    assert model_config("micro", residual="baseline", dv=4, conv="cc").effective() == base.effective()
+    assert model_config("micro", residual="ddl", dv=1).effective() != base.effective()
+    dv4 = model_config("micro", residual="ddl", dv=4)
+    assert dv4.effective() == model_config("micro", residual="ddl", dv=4, state_conv_kernel=4,
+                                           read_init=0.25, embed_conv_kernel=3).effective()
+    assert model_config("micro", residual="ddl", dv=4, conv="cc").effective() != dv4.effective()
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (dict(dv=0), "dv"),
+    (dict(dv=2.5), "dv"),
+    (dict(residual="sum"), "residual"),
+    (dict(conv="xx"), "conv"),
+    (dict(mapping="q"), "mapping"),
+    (dict(beta_init=3.0), "beta_init"),
+    (dict(beta_init=-0.1), "beta_init"),
+    (dict(beta_estimator="deep"), "beta_estimator"),
+    (dict(n_head=3), "d_model"),
+    (dict(residual="ddl", dv=1, conv="ec"), "conv"),
+    (dict(residual="ddl", dv=4, conv="cc", state_conv_kernel=5), "state_conv_kernel"),
+    (dict(k_eps=-1.0), "k_eps"),
+    (dict(n_layer=0), "n_layer"),
+])
+def test_invalid_configs_raise_one_clear_line(overrides, key):
+    with pytest.raises(ValueError) as err:
+        model_config("micro", **overrides)
+    message = str(err.value)
+    assert message.startswith(f"{key}=") and "\n" not in message
+
+
+def test_unknown_size():
+    with pytest.raises(ValueError, match=r"^model='huge': must be one of micro, tiny, small, medium$"):
+        model_config("huge")

@@ -1,0 +1,74 @@
+"""The Delta operator's algebra (paper sections 2-3), checked numerically in float64."""
+
+import math
+
+import pytest
+import torch
+
+from ddl.model import delta_update
+
+torch.set_default_dtype(torch.float64)
+D, DV = 16, 4
+
+
+def unit(d=D, seed=0):
+    k = torch.randn(d, generator=torch.Generator().manual_seed(seed))
+    return k / k.norm()
+
+
+def operator(beta, k):
+    return torch.eye(k.numel()) - beta * torch.outer(k, k)  # A = I - beta k k^T (Eq. 2.3)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.3, 1.0, 1.7, 2.0])
+def test_spectrum_and_determinant(beta):
+    k = unit()
+    A = operator(beta, k)
+    eig = torch.linalg.eigvalsh(A)
+    expected = torch.tensor(sorted([1.0] * (D - 1) + [1.0 - beta]))
+    assert torch.allclose(eig, expected, atol=1e-12)
+    assert torch.allclose(A @ k, (1 - beta) * k)                       # k is the (1-beta) eigenvector
+    assert math.isclose(torch.linalg.det(A).item(), 1 - beta, abs_tol=1e-12)
+    lifted = torch.kron(torch.eye(DV), A)                                # I_dv (x) A on vec(X)
+    assert math.isclose(torch.linalg.det(lifted).item(), (1 - beta) ** DV, abs_tol=1e-12)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0, 1.5, 2.0])
+def test_orthogonal_iff_beta_is_0_or_2(beta):
+    A = operator(beta, unit())
+    orthogonal = torch.allclose(A.T @ A, torch.eye(D), atol=1e-12)
+    assert orthogonal == (beta in (0.0, 2.0))
+
+
+def test_beta_two_is_an_involution():
+    A = operator(2.0, unit())
+    assert torch.allclose(A @ A, torch.eye(D), atol=1e-12)
+
+
+def random_state(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(D, DV, generator=g), torch.randn(DV, generator=g)
+
+
+@pytest.mark.parametrize("beta", [0.2, 1.0, 1.9])
+def test_operator_form_equals_delta_form_and_projection(beta):
+    k = unit()
+    X, v = random_state()
+    eq_2_4 = operator(beta, k) @ X + beta * torch.outer(k, v)
+    eq_2_5 = X + beta * torch.outer(k, v - k @ X)
+    assert torch.allclose(eq_2_4, eq_2_5, atol=1e-12)
+    # Eq. 2.6: k^T X_{l+1} = (1 - beta) k^T X_l + beta v^T
+    assert torch.allclose(k @ eq_2_5, (1 - beta) * (k @ X) + beta * v, atol=1e-12)
+    # the implemented update (batched, with k = k_hat / sqrt(d)) is the same map
+    k_hat = k * math.sqrt(D)
+    out = delta_update(X[None, None], k_hat[None, None], torch.tensor([[[beta]]]), v[None, None], 1 / math.sqrt(D))
+    assert torch.allclose(out[0, 0], eq_2_5, atol=1e-12)
+
+
+def test_beta_one_overwrites_the_k_component_and_keeps_the_rest():
+    k = unit()
+    X, v = random_state()
+    out = X + torch.outer(k, v - k @ X)
+    assert torch.allclose(k @ out, v, atol=1e-12)
+    orth = torch.eye(D) - torch.outer(k, k)
+    assert torch.allclose(orth @ out, orth @ X, atol=1e-12)
