@@ -1,0 +1,53 @@
+"""`ddl-data prepare|info`: build token shards from a text source, or show a dataset's manifest."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .. import paths
+from .config import SOURCES, TOKENIZERS, DataConfig
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ddl-data", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    prep = sub.add_parser("prepare", help="tokenize a source into train/val shards under DDL_HOME/data")
+    prep.add_argument("--source", choices=SOURCES, default="embedded")
+    prep.add_argument("--tokenizer", choices=TOKENIZERS, default="byte")
+    prep.add_argument("--files", help="glob of .txt/.jsonl/.parquet files (source=files)")
+    prep.add_argument("--fineweb-name", default=DataConfig.fineweb_name, help="Hub id or local parquet glob")
+    prep.add_argument("--tokens", type=int, default=DataConfig.fineweb_tokens, help="fineweb_edu token budget")
+    prep.add_argument("--bpe-vocab", type=int, default=DataConfig.bpe_vocab)
+    prep.add_argument("--force", action="store_true", help="rebuild a finished dataset")
+    info = sub.add_parser("info", help="print a dataset's manifest")
+    info.add_argument("dataset", help="dataset directory, or its name under DDL_HOME/data")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "info":
+            from .dataset import open_dataset
+            path = Path(args.dataset)
+            print(json.dumps(open_dataset(path if path.is_dir() else paths.data_dir() / args.dataset).manifest,
+                             indent=1))
+            return 0
+        from .dataset import MANIFEST, open_dataset, prepare
+        cfg = DataConfig(source=args.source, tokenizer=args.tokenizer, files=args.files,
+                         fineweb_name=args.fineweb_name, fineweb_tokens=args.tokens, bpe_vocab=args.bpe_vocab)
+        existed = (paths.data_dir() / cfg.dataset_name() / MANIFEST).is_file()
+        path = prepare(cfg, force=args.force)
+    except ValueError as err:
+        print(f"ddl-data: error: {err}")
+        return 2
+    if existed and not args.force:
+        print(f"already prepared (use --force to rebuild): {path}")
+    m = open_dataset(path).manifest
+    splits = ", ".join(f"{s} {m['splits'][s]['tokens']:,} tokens in {len(m['splits'][s]['shards'])} shard(s)"
+                       for s in m["splits"])
+    print(f"{path}\n  tokenizer {m['tokenizer']['name']} (vocab {m['tokenizer']['vocab_size']}); {splits}; "
+          f"unigram cross-entropy {m['unigram_xent_val']:.3f} nats/token")
+    return 0

@@ -1,0 +1,66 @@
+"""DataConfig: which text becomes which tokens. Light to import (no torch): dry runs use it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+SOURCES = ("embedded", "files", "fineweb_edu")
+TOKENIZERS = ("byte", "bpe", "gpt2")
+GPT2_VOCAB = 50257
+
+
+def _fail(key: str, value, allowed: str):
+    raise ValueError(f"data.{key}={value!r}: {allowed}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = "embedded"
+    tokenizer: str = "byte"
+    files: str | None = None                          # glob of .txt/.jsonl/.parquet (source=files)
+    fineweb_name: str = "HuggingFaceFW/fineweb-edu"   # a Hub id, or a local parquet glob
+    fineweb_config: str = "sample-10BT"
+    fineweb_tokens: int = 100_000_000
+    val_fraction: float = 0.1
+    bpe_vocab: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            _fail("source", self.source, f"must be one of {', '.join(SOURCES)}")
+        if self.tokenizer not in TOKENIZERS:
+            _fail("tokenizer", self.tokenizer, f"must be one of {', '.join(TOKENIZERS)}")
+        if self.source == "files" and not self.files:
+            _fail("files", self.files, "source=files needs a glob of .txt/.jsonl/.parquet files")
+        if not 0.0 < self.val_fraction < 0.5:
+            _fail("val_fraction", self.val_fraction, "must be in (0, 0.5)")
+        if isinstance(self.fineweb_tokens, bool) or not isinstance(self.fineweb_tokens, int) \
+                or self.fineweb_tokens < 1:
+            _fail("fineweb_tokens", self.fineweb_tokens, "must be an integer >= 1")
+        if isinstance(self.bpe_vocab, bool) or not isinstance(self.bpe_vocab, int) \
+                or not 260 <= self.bpe_vocab <= 65535:
+            _fail("bpe_vocab", self.bpe_vocab, "must be an integer in [260, 65535] (uint16 shards)")
+
+    def source_params(self) -> dict:
+        """The fields that decide the tokens (what a dataset directory is named by)."""
+        params = {"source": self.source, "tokenizer": self.tokenizer, "val_fraction": self.val_fraction}
+        if self.source == "files":
+            params["files"] = self.files
+        if self.source == "fineweb_edu":
+            params.update(name=self.fineweb_name, config=self.fineweb_config, tokens=self.fineweb_tokens)
+        if self.tokenizer == "bpe":
+            params["bpe_vocab"] = self.bpe_vocab
+        return params
+
+    def dataset_name(self) -> str:
+        digest = hashlib.sha256(json.dumps(self.source_params(), sort_keys=True).encode()).hexdigest()[:8]
+        return f"{self.source}-{self.tokenizer}-{digest}"
+
+    def model_vocab_size(self) -> int:
+        """The model's vocabulary for this tokenizer, padded to a multiple of 64 (GPT-2 -> 50304)."""
+        raw = {"byte": 256, "gpt2": GPT2_VOCAB, "bpe": self.bpe_vocab}[self.tokenizer]
+        return -(-raw // 64) * 64
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,215 @@
+"""Token datasets on disk: uint16 shards + manifest.json, built by `prepare`, read by `open_dataset`.
+
+    <root>/<name>/manifest.json     written last: its presence marks the dataset finished
+    <root>/<name>/train_0000.bin    raw uint16 tokens, documents separated by the tokenizer's eot
+    <root>/<name>/val_0000.bin
+    <root>/<name>/tokenizer.json    (bpe only)
+
+`prepare` builds into `<name>.partial/` under a file lock, records its progress after every
+flushed shard (so an interrupted prepare resumes there), and renames the directory at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import itertools
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from .. import paths
+from .config import DataConfig
+from .sources import documents, is_val
+from .tokenizers import BPETokenizer, Tokenizer, load_tokenizer
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+PROGRESS = "progress.json"
+SHARD_TOKENS = 1 << 24  # 32 MiB of uint16 per shard
+SPLITS = ("train", "val")
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _write_json(path: Path, obj) -> None:
+    _write_atomic(path, json.dumps(obj, indent=1, sort_keys=True).encode())
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class _SplitWriter:
+    def __init__(self, work: Path, split: str, state: dict):
+        self.work, self.split, self.state = work, split, state  # state: shards, tokens, bytes, docs
+        self.buffer: list[np.ndarray] = []
+        self.buffered = 0
+
+    def add(self, ids: list[int], eot: int, n_bytes: int) -> None:
+        self.buffer.append(np.asarray(ids + [eot], dtype=np.uint16))
+        self.buffered += len(ids) + 1
+        self.state["bytes"] += n_bytes
+        self.state["docs"] += 1
+
+    def flush(self) -> None:
+        if not self.buffered:
+            return
+        tokens = np.concatenate(self.buffer)
+        name = f"{self.split}_{len(self.state['shards']):04d}.bin"
+        _write_atomic(self.work / name, tokens.tobytes())
+        self.state["shards"].append({"file": name, "tokens": int(tokens.size),
+                                     "sha256": hashlib.sha256(tokens.tobytes()).hexdigest()})
+        self.state["tokens"] += int(tokens.size)
+        self.buffer, self.buffered = [], 0
+
+
+def _tokenizer_for(cfg: DataConfig, work: Path) -> Tokenizer:
+    if cfg.tokenizer == "bpe" and not (work / BPETokenizer.FILE).is_file():
+        train_docs = (d for d in documents(cfg) if not is_val(d, cfg.val_fraction))
+        return BPETokenizer.train(train_docs, cfg.bpe_vocab, work / BPETokenizer.FILE)
+    return load_tokenizer(cfg.tokenizer, work)
+
+
+def _build(cfg: DataConfig, work: Path, progress: bool) -> dict:
+    from tqdm import tqdm
+
+    tokenizer = _tokenizer_for(cfg, work)
+    progress_path = work / PROGRESS
+    state = json.loads(progress_path.read_text()) if progress_path.is_file() else {
+        "docs_done": 0, **{s: {"shards": [], "tokens": 0, "bytes": 0, "docs": 0} for s in SPLITS}}
+    writers = {s: _SplitWriter(work, s, state[s]) for s in SPLITS}
+    budget = cfg.fineweb_tokens if cfg.source == "fineweb_edu" else None
+    bar = tqdm(desc=f"tokenizing {cfg.dataset_name()}", unit="tok", unit_scale=True, disable=not progress,
+               initial=state["train"]["tokens"] + state["val"]["tokens"])
+
+    def checkpoint() -> None:  # flush both splits together so docs_done is exact
+        for writer in writers.values():
+            writer.flush()
+        _write_json(progress_path, state)
+
+    for doc in itertools.islice(documents(cfg), state["docs_done"], None):
+        split = "val" if is_val(doc, cfg.val_fraction) else "train"
+        ids = tokenizer.encode(doc)
+        writers[split].add(ids, tokenizer.eot, len(doc.encode("utf-8")))
+        state["docs_done"] += 1
+        bar.update(len(ids) + 1)
+        if writers["train"].buffered >= SHARD_TOKENS:
+            checkpoint()
+        written = sum(state[s]["tokens"] + writers[s].buffered for s in SPLITS)
+        if budget is not None and written >= budget:
+            break
+    checkpoint()
+    bar.close()
+    for split in SPLITS:
+        if not state[split]["tokens"]:
+            raise ValueError(f"data.source={cfg.source!r}: the {split} split came out empty "
+                             f"({state['docs_done']} documents); give it more text")
+    return {"tokenizer": {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size, "eot": tokenizer.eot},
+            "splits": {s: state[s] for s in SPLITS}}
+
+
+def prepare(cfg: DataConfig, root: Path | None = None, force: bool = False, progress: bool = True) -> Path:
+    """Build the dataset for `cfg` (resumably), or return it when it is already finished."""
+    root = Path(root) if root is not None else paths.data_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    name = cfg.dataset_name()
+    final, work = root / name, root / f"{name}.partial"
+    with _locked(root / f"{name}.lock"):
+        if (final / MANIFEST).is_file():
+            if not force:
+                return final
+            shutil.rmtree(final)
+        work.mkdir(exist_ok=True)
+        built = _build(cfg, work, progress)
+        manifest = {
+            "format": FORMAT, "name": name, "dtype": "uint16", "created": datetime.now(timezone.utc).isoformat(),
+            "source": cfg.source_params(), **built,
+            "bytes_per_token": {s: built["splits"][s]["bytes"] / built["splits"][s]["tokens"] for s in SPLITS},
+        }
+        manifest["unigram_xent_val"] = _unigram_cross_entropy(work, manifest)
+        (work / PROGRESS).unlink()
+        _write_json(work / MANIFEST, manifest)
+        os.replace(work, final)
+    return final
+
+
+class Split:
+    """One split's shards as read-only memory maps."""
+
+    def __init__(self, directory: Path, entry: dict):
+        self.entry = entry
+        self.shards = [np.memmap(directory / s["file"], dtype=np.uint16, mode="r") for s in entry["shards"]]
+        self.tokens = int(entry["tokens"])
+
+    def concatenated(self) -> np.ndarray:
+        return np.concatenate(self.shards) if len(self.shards) > 1 else np.asarray(self.shards[0])
+
+
+@dataclass
+class TokenDataset:
+    path: Path
+    manifest: dict
+
+    @property
+    def train(self) -> Split:
+        return Split(self.path, self.manifest["splits"]["train"])
+
+    @property
+    def val(self) -> Split:
+        return Split(self.path, self.manifest["splits"]["val"])
+
+    def tokenizer(self) -> Tokenizer:
+        return load_tokenizer(self.manifest["tokenizer"]["name"], self.path)
+
+    def verify(self) -> None:
+        for split in SPLITS:
+            for shard in self.manifest["splits"][split]["shards"]:
+                digest = hashlib.sha256((self.path / shard["file"]).read_bytes()).hexdigest()
+                if digest != shard["sha256"]:
+                    raise ValueError(f"dataset {self.path}: shard {shard['file']} is corrupt (sha256 mismatch); "
+                                     "rebuild it with `ddl-data prepare --force`")
+
+
+def open_dataset(path: Path) -> TokenDataset:
+    path = Path(path)
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise ValueError(f"dataset={str(path)!r}: not a finished dataset (no {MANIFEST}); run `ddl-data prepare`")
+    manifest = json.loads(manifest_path.read_text())
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"dataset={str(path)!r}: manifest format {manifest.get('format')}, expected {FORMAT}")
+    return TokenDataset(path, manifest)
+
+
+def _unigram_cross_entropy(directory: Path, manifest: dict) -> float:
+    """Nats/token of a unigram model fitted on train (add-one smoothed), scored on val.
+
+    The floor a language model must clearly beat to show it learned more than token frequencies.
+    """
+    vocab = manifest["tokenizer"]["vocab_size"]
+    counts = np.zeros(vocab, dtype=np.float64)
+    for shard in Split(directory, manifest["splits"]["train"]).shards:
+        counts += np.bincount(shard, minlength=vocab)[:vocab]
+    log_p = np.log((counts + 1) / (counts.sum() + vocab))
+    val = Split(directory, manifest["splits"]["val"]).concatenated()
+    return float(-log_p[val].mean())

@@ -1,0 +1,91 @@
+"""Tokenizers: byte (offline default), bpe (trained on the train split), gpt2 (the paper's, tiktoken)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, Protocol
+
+
+class Tokenizer(Protocol):
+    name: str
+    vocab_size: int
+    eot: int  # document separator written between documents
+
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes; byte 0 (NUL, absent from text) separates documents."""
+    name, vocab_size, eot = "byte", 256, 0
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+class BPETokenizer:
+    """Byte-level BPE from the `tokenizers` library, trained on the training split only."""
+    name, eot = "bpe", 0
+    FILE = "tokenizer.json"
+
+    def __init__(self, path: Path):
+        from tokenizers import Tokenizer as HFTokenizer
+        self._tok = HFTokenizer.from_file(str(path))
+        self.vocab_size = self._tok.get_vocab_size()
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int, path: Path) -> "BPETokenizer":
+        from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
+        tok = HFTokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        tok.train_from_iterator(texts, trainer=trainer)
+        tmp = path.with_suffix(".tmp")
+        tok.save(str(tmp))
+        os.replace(tmp, path)
+        return cls(path)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids)
+
+
+class GPT2Tokenizer:
+    """GPT-2 BPE through tiktoken. It needs its BPE file: network or TIKTOKEN_CACHE_DIR."""
+    name, vocab_size, eot = "gpt2", 50257, 50256
+
+    def __init__(self):
+        import tiktoken
+        try:
+            self._enc = tiktoken.get_encoding("gpt2")
+        except Exception as err:  # tiktoken raises requests/OS errors when it cannot download
+            raise ValueError(
+                "data.tokenizer='gpt2': tiktoken's GPT-2 BPE file is not cached and cannot be downloaded "
+                f"({type(err).__name__}); run once with network or point TIKTOKEN_CACHE_DIR at a cache "
+                "that has it, or use data.tokenizer=byte|bpe") from None
+
+    def encode(self, text: str) -> list[int]:
+        return self._enc.encode_ordinary(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._enc.decode(ids)
+
+
+def load_tokenizer(name: str, dataset_dir: Path | None = None) -> Tokenizer:
+    if name == "byte":
+        return ByteTokenizer()
+    if name == "gpt2":
+        return GPT2Tokenizer()
+    if name == "bpe":
+        if dataset_dir is None or not (dataset_dir / BPETokenizer.FILE).is_file():
+            raise ValueError(f"data.tokenizer='bpe': no {BPETokenizer.FILE} in {dataset_dir}")
+        return BPETokenizer(dataset_dir / BPETokenizer.FILE)
+    raise ValueError(f"data.tokenizer={name!r}: must be one of byte, bpe, gpt2")
