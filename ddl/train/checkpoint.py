@@ -1,0 +1,75 @@
+"""Atomic checkpoints: model, optimizer, scheduler, loader position, RNG, step, config, signature."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+PATTERN = "step_*.pt"
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def rng_state() -> dict:
+    _, keys, pos, _, _ = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
+             "numpy": torch.from_numpy(keys.astype(np.int64)), "numpy_pos": int(pos)}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((3, tuple(state["python"]), None))
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(run_dir: Path, state: dict, keep: int) -> Path:
+    """Write step_<n>.pt via temp file + rename, then drop all but the newest `keep`."""
+    directory = checkpoint_dir(run_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"step_{state['step']:08d}.pt"
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    for old in sorted(directory.glob(PATTERN))[:-keep]:
+        old.unlink()
+    return path
+
+
+def latest(run_dir: Path) -> Path | None:
+    found = sorted(checkpoint_dir(run_dir).glob(PATTERN))
+    return found[-1] if found else None
+
+
+def load(path: Path, map_location="cpu") -> dict:
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def load_checkpoint_model(path: Path, map_location="cpu"):
+    """(GPT in eval mode, meta) from a checkpoint file or a run directory (its latest checkpoint)."""
+    from ..model import GPT
+    from .config import RunConfig
+
+    path = Path(path)
+    if path.is_dir():
+        found = latest(path)
+        if found is None:
+            raise ValueError(f"checkpoint={str(path)!r}: no {PATTERN} under {checkpoint_dir(path)}")
+        path = found
+    state = load(path, map_location)
+    run = RunConfig.from_dict(state["run"])
+    model = GPT(run.model)
+    model.load_state_dict(state["model"])
+    meta = {"run": run, "step": state["step"], "signature": state["signature"], "dataset": state["dataset"],
+            "path": str(path)}
+    return model.eval(), meta

@@ -1,0 +1,98 @@
+"""TrainConfig and RunConfig: what a run is a pure function of (with its seed).
+
+Schedules (Hydra YAML in conf/train/ mirrors these):
+- paper: 100k steps, 480 x 1024 = 491,520 tokens per step, lr 1e-3, 2000 warmup, cosine (paper 5.1)
+- cpu:   a few hundred steps of 8 x 128 tokens: the embedded demo on a laptop core
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..data.config import DataConfig
+from ..model.config import ModelConfig
+
+
+def _fail(key: str, value, allowed: str):
+    raise ValueError(f"train.{key}={value!r}: {allowed}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 300
+    batch_tokens: int = 1024          # global tokens per optimizer step (all ranks, all micro-steps)
+    micro_batch: int = 8              # sequences per forward per rank
+    seq_len: int = 128
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1         # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 30
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_tokens: int = 16384
+    ckpt_every: int = 100
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    compile: bool = False
+    device: str = "auto"              # auto | cpu | cuda
+
+    def __post_init__(self) -> None:
+        for key in ("steps", "batch_tokens", "micro_batch", "seq_len", "eval_every", "eval_tokens", "ckpt_every",
+                    "keep_checkpoints", "log_every"):
+            value = getattr(self, key)
+            if not _is_int(value) or value < 1:
+                _fail(key, value, "must be an integer >= 1")
+        if not _is_int(self.warmup_steps) or self.warmup_steps < 0:
+            _fail("warmup_steps", self.warmup_steps, "must be an integer >= 0")
+        if self.batch_tokens % (self.micro_batch * self.seq_len):
+            _fail("batch_tokens", self.batch_tokens,
+                  f"must be a multiple of micro_batch*seq_len = {self.micro_batch * self.seq_len}")
+        for key, low, high in (("lr", 0.0, 1.0), ("min_lr_ratio", 0.0, 1.0), ("beta1", 0.0, 1.0),
+                               ("beta2", 0.0, 1.0), ("weight_decay", 0.0, 10.0), ("grad_clip", 0.0, 1e9)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                _fail(key, value, f"must be a number in [{low:g}, {high:g}]")
+        if self.device not in ("auto", "cpu", "cuda"):
+            _fail("device", self.device, "must be one of auto, cpu, cuda")
+
+    def grad_accum(self, world_size: int) -> int:
+        per_step = self.micro_batch * self.seq_len * world_size
+        if self.batch_tokens % per_step:
+            raise ValueError(f"train.batch_tokens={self.batch_tokens}: must be a multiple of "
+                             f"micro_batch*seq_len*world_size = {per_step}")
+        return self.batch_tokens // per_step
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: ModelConfig
+    data: DataConfig
+    train: TrainConfig
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.seed) or self.seed < 0:
+            raise ValueError(f"seed={self.seed!r}: must be an integer >= 0")
+        if self.model.vocab_size != self.data.model_vocab_size():
+            raise ValueError(f"model.vocab_size={self.model.vocab_size}: the {self.data.tokenizer} tokenizer needs "
+                             f"{self.data.model_vocab_size()}")
+        if self.train.seq_len > self.model.max_seq_len:
+            raise ValueError(f"train.seq_len={self.train.seq_len}: must be <= model.max_seq_len="
+                             f"{self.model.max_seq_len}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        return cls(ModelConfig(**d["model"]), DataConfig(**d["data"]), TrainConfig(**d["train"]), d["seed"])
+
+    def effective_dict(self) -> dict:
+        """What changes the numbers: the signature is a hash of this."""
+        return RunConfig(self.model.effective(), self.data, self.train, self.seed).to_dict()

@@ -1,0 +1,48 @@
+"""The narrow metric-logger interface the trainer writes to (MLflow's lives in ddl/track)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Protocol
+
+
+class MetricLogger(Protocol):
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class ConsoleLogger:
+    KEYS = ("train/loss", "val/loss", "val/bpb", "train/lr", "train/tokens_per_s", "beta/mean", "beta/frac_gt1")
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        shown = "  ".join(f"{k}={metrics[k]:.4g}" for k in self.KEYS if k in metrics)
+        print(f"step {step:>6}  {shown}", flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class JsonlLogger:
+    def __init__(self, path: Path):
+        self._file = open(path, "a", encoding="utf-8")
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self._file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class MultiLogger:
+    def __init__(self, *loggers: MetricLogger):
+        self.loggers = loggers
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step)
+
+    def close(self) -> None:
+        for logger in self.loggers:
+            logger.close()

@@ -1,0 +1,158 @@
+"""One run for real: exact resume, DDP equivalence, NaN stop, signals, checkpoints, schedule."""
+
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from ddl.data import DataConfig
+from ddl.model import model_config
+from ddl.train import Interrupted, NonFiniteLoss, RunConfig, TrainConfig, train
+from ddl.train import checkpoint
+from ddl.train.loop import lr_at, param_groups
+
+
+class Recorder:
+    def __init__(self):
+        self.rows = []
+
+    def log_metrics(self, metrics, step):
+        self.rows.append((step, dict(metrics)))
+
+    def close(self):
+        pass
+
+    def losses(self):
+        return [(s, m["train/loss"]) for s, m in self.rows if "train/loss" in m]
+
+
+def micro_run(residual="ddl", dv=4, **train_kw):
+    kw = dict(steps=8, batch_tokens=4 * 32, micro_batch=4, seq_len=32, warmup_steps=2, eval_every=4,
+              eval_tokens=512, ckpt_every=4, log_every=1)
+    kw.update(train_kw)
+    data = DataConfig()
+    return RunConfig(model_config("micro", vocab_size=data.model_vocab_size(), residual=residual, dv=dv),
+                     data, TrainConfig(**kw), seed=1)
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("data")
+
+
+class SignalAt(Recorder):
+    """Sends this process SIGTERM once the trainer has logged `step`."""
+
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def log_metrics(self, metrics, step):
+        super().log_metrics(metrics, step)
+        if step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.fixture
+def sigterm_default():
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_stopped_and_resumed_run_continues_the_same_curve(tmp_path, data_root, sigterm_default):
+    full = Recorder()
+    train(micro_run(), tmp_path / "full", full, "sig", data_root=data_root)
+    first, second = SignalAt(3), Recorder()
+    with pytest.raises(Interrupted):                                          # stopped at N = 3 of 8
+        train(micro_run(), tmp_path / "split", first, "sig", data_root=data_root)
+    result = train(micro_run(), tmp_path / "split", second, "sig", data_root=data_root)
+    assert result.resumed_from == 3
+    assert first.losses() + second.losses() == full.losses()  # identical, not merely close
+
+
+def test_checkpoints_are_atomic_pruned_and_signed(tmp_path, data_root):
+    train(micro_run(steps=12, keep_checkpoints=2), tmp_path, Recorder(), "sig", data_root=data_root)
+    files = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert files == ["step_00000008.pt", "step_00000012.pt"]                     # no .tmp, last 2 kept
+    state = checkpoint.load(tmp_path / "checkpoints" / files[-1])                # weights_only=True
+    assert state["step"] == 12 and state["signature"] == "sig" and "loader" in state and "rng" in state
+    with pytest.raises(ValueError, match="holds checkpoints of run sig, not other"):
+        train(micro_run(steps=12), tmp_path, Recorder(), "other", data_root=data_root)
+    model, meta = checkpoint.load_checkpoint_model(tmp_path)
+    assert meta["step"] == 12 and not model.training
+
+
+def test_non_finite_loss_stops_with_the_last_good_state(tmp_path, data_root):
+    run = micro_run()
+    huge_init = RunConfig(run.model.__class__(**{**run.model.__dict__, "init_std": 1e15}), run.data, run.train, 1)
+    with pytest.raises(NonFiniteLoss, match=r"^train loss is nan at step 1; last good state \(step 0\) saved at"):
+        train(huge_init, tmp_path, Recorder(), "sig", data_root=data_root)
+    state = checkpoint.load(checkpoint.latest(tmp_path))
+    assert state["step"] == 0 and all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_a_signal_writes_a_checkpoint_then_stops(tmp_path, data_root, sigterm_default):
+    with pytest.raises(Interrupted, match="stopped by SIGTERM at step 3"):
+        train(micro_run(ckpt_every=1000), tmp_path, SignalAt(3), "sig", data_root=data_root)
+    assert checkpoint.load(checkpoint.latest(tmp_path))["step"] == 3
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL                      # handlers restored
+
+
+def test_lr_schedule_and_weight_decay_groups():
+    cfg = TrainConfig(steps=100, warmup_steps=10, lr=1e-3, min_lr_ratio=0.1)
+    assert lr_at(0, cfg) == pytest.approx(1e-4) and lr_at(9, cfg) == pytest.approx(1e-3)
+    assert lr_at(100, cfg) == pytest.approx(1e-4)
+    assert lr_at(55, cfg) == pytest.approx(1e-4 + 0.9e-3 * 0.5)
+    from ddl.model import GPT
+    model = GPT(model_config("micro", vocab_size=256, residual="ddl", dv=4))
+    decayed, plain = param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all("norm" in names[id(p)] or names[id(p)].endswith(("bias", "read")) for p in plain["params"])
+    assert plain["weight_decay"] == 0 and decayed["weight_decay"] == 0.1
+
+
+DDP_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from tests.test_train import Recorder, micro_run
+    from ddl.train import train
+    out, data_root = Path(sys.argv[1]), Path(sys.argv[2])
+    rec = Recorder()
+    train(micro_run(micro_batch=2, batch_tokens=4 * 32), out, rec, "sig", data_root=data_root)
+    import os
+    if os.environ["RANK"] == "0":
+        (out / "losses.json").write_text(json.dumps(rec.losses()))
+""")
+
+
+def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_path, data_root):
+    single = Recorder()
+    train(micro_run(), tmp_path / "single", single, "sig", data_root=data_root)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-c", DDP_SCRIPT, str(tmp_path / "ddp"), str(data_root)],
+                              env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "DDL_CPUS": "1",
+                                   "PYTHONPATH": os.getcwd()})
+             for r in range(2)]
+    assert [p.wait(timeout=180) for p in procs] == [0, 0]
+    import json
+    ddp = json.loads((tmp_path / "ddp" / "losses.json").read_text())
+    assert [s for s, _ in ddp] == [s for s, _ in single.losses()]
+    for (_, a), (_, b) in zip(ddp, single.losses()):
+        assert math.isclose(a, b, rel_tol=1e-4)
+
+
+@pytest.mark.parametrize("kwargs, key", [(dict(steps=-5), "train.steps"), (dict(batch_tokens=1000), "train.batch_tokens"),
+                                         (dict(lr=5.0), "train.lr"), (dict(device="tpu"), "train.device")])
+def test_invalid_train_configs(kwargs, key):
+    with pytest.raises(ValueError, match=rf"^{key}="):
+        TrainConfig(**kwargs)
