@@ -1,8 +1,19 @@
-"""Pure-PyTorch DDL models. Imports nothing else from ddl: `from ddl.model import GPT`."""
+"""Pure-PyTorch DDL models. Imports nothing else from ddl: `from ddl.model import GPT`.
+
+The config half imports no torch, so CLIs can validate and plan without loading it.
+"""
 
 from .config import CONVS, MAPPINGS, RESIDUALS, SIZES, ModelConfig, model_config
-from .delta import DeltaResidual, delta_update
-from .gpt import GPT, ddl_extra_params
 
 __all__ = ["CONVS", "MAPPINGS", "RESIDUALS", "SIZES", "ModelConfig", "model_config", "DeltaResidual",
            "delta_update", "GPT", "ddl_extra_params"]
+
+
+def __getattr__(name):
+    if name in ("DeltaResidual", "delta_update"):
+        from . import delta
+        return getattr(delta, name)
+    if name in ("GPT", "ddl_extra_params"):
+        from . import gpt
+        return getattr(gpt, name)
+    raise AttributeError(name)

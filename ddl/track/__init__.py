@@ -1,1 +1,1 @@
-
+"""MLflow tracking: the only package that imports mlflow (lazily)."""

@@ -10,8 +10,6 @@ beyond token frequencies would score).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import sys
 
 from omegaconf import OmegaConf
@@ -20,10 +18,6 @@ from .. import paths
 from ..data import DataConfig
 from ..model import model_config
 from .config import RunConfig, TrainConfig
-
-
-def signature_of(run: RunConfig) -> str:
-    return hashlib.sha256(json.dumps(run.effective_dict(), sort_keys=True).encode()).hexdigest()[:12]
 
 
 def main(argv: list[str]) -> int:
@@ -38,7 +32,7 @@ def main(argv: list[str]) -> int:
     except (ValueError, TypeError) as err:
         print(f"python -m ddl.train: error: {err}")
         return 2
-    signature = signature_of(run)
+    signature = run.signature()
     run_dir = paths.runs_dir() / signature
     run_dir.mkdir(parents=True, exist_ok=True)
     logger = MultiLogger(ConsoleLogger(), JsonlLogger(run_dir / "metrics.jsonl"))

@@ -7,6 +7,8 @@ Schedules (Hydra YAML in conf/train/ mirrors these):
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass
 
 from ..data.config import DataConfig
@@ -96,3 +98,7 @@ class RunConfig:
     def effective_dict(self) -> dict:
         """What changes the numbers: the signature is a hash of this."""
         return RunConfig(self.model.effective(), self.data, self.train, self.seed).to_dict()
+
+    def signature(self) -> str:
+        """A short hash of the effective config: names the run's directory, dedups and resumes sweeps."""
+        return hashlib.sha256(json.dumps(self.effective_dict(), sort_keys=True).encode()).hexdigest()[:12]

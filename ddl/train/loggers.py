@@ -13,11 +13,15 @@ class MetricLogger(Protocol):
 
 
 class ConsoleLogger:
+    """One line per log step, to stdout or a file (the run log)."""
     KEYS = ("train/loss", "val/loss", "val/bpb", "train/lr", "train/tokens_per_s", "beta/mean", "beta/frac_gt1")
+
+    def __init__(self, stream=None):
+        self.stream = stream
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         shown = "  ".join(f"{k}={metrics[k]:.4g}" for k in self.KEYS if k in metrics)
-        print(f"step {step:>6}  {shown}", flush=True)
+        print(f"step {step:>6}  {shown}", file=self.stream, flush=True)
 
     def close(self) -> None:
         pass

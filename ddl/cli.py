@@ -1,0 +1,91 @@
+"""Entry points: ddl-run (Hydra), ddl-data, ddl-eval, ddl-report, ddl-ui (thin dispatchers).
+
+Nothing heavy is imported here, so `ddl-run --help` and dry runs stay fast.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+
+def _one_line(err: BaseException) -> str:
+    """Hydra's multi-line composition errors, condensed to `key=value: what is allowed`."""
+    text = str(err)
+    missing = re.search(r"Could not find '([^']+)/([^']+)'", text)
+    if missing:
+        group, option = missing.groups()
+        options = re.findall(r"^\t(\S+)$", text, flags=re.M)
+        allowed = f"must be one of {', '.join(options)}" if options else "no such option"
+        return f"{group.split('/')[-1]}={option}: {allowed}"
+    override = re.search(r"Could not override '([^']+)'", text)
+    if override:
+        key = override.group(1)
+        return f"{key}: unknown key (see ddl-run --help; to add a new key use +{key}=...)"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
+    return first
+
+
+def run_main() -> None:
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from .launch.configs import ConfigError, conf_dir, register
+
+    argv = ["dry_run=true" if a == "--dry-run" else a for a in sys.argv[1:]]
+    sys.argv = [sys.argv[0], *argv]
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us, to print them as one line
+    register()
+    try:
+        _hydra_app(str(conf_dir()))()
+    except ConfigError as err:
+        print(f"ddl-run: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except (HydraException, OmegaConfBaseException) as err:
+        print(f"ddl-run: error: {_one_line(err)}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as err:
+        from .launch.launcher import SweepFailed
+        if isinstance(err, SweepFailed):
+            print(f"ddl-run: {err}", file=sys.stderr)
+            sys.exit(1)
+        raise
+
+
+def _hydra_app(config_path: str):
+    import hydra
+
+    @hydra.main(config_path=config_path, config_name="config", version_base="1.3")
+    def app(cfg):
+        from .launch.job import run_task
+        if cfg.dry_run:
+            from .launch.launcher import SweepLauncher
+            from .launch.spec import Job, run_config
+            from .launch.table import job_table
+            job_table([Job([], run_config(cfg), cfg.sweep)], SweepLauncher.estimate).print()
+            return None
+        return run_task(cfg)
+
+    return app
+
+
+def _dispatch(module: str) -> None:
+    import importlib
+    sys.exit(importlib.import_module(module).main(sys.argv[1:]))
+
+
+def data_main() -> None:
+    _dispatch("ddl.data.cli")
+
+
+def eval_main() -> None:
+    _dispatch("ddl.eval.cli")
+
+
+def report_main() -> None:
+    _dispatch("ddl.report.cli")
+
+
+def ui_main() -> None:
+    _dispatch("ddl.track.ui")

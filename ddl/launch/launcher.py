@@ -1,0 +1,147 @@
+"""Hydra launchers for sweeps: hydra-submitit-launcher's, with the planning a researcher can trust.
+
+`launch` composes and validates every job before anything runs, collapses jobs with the same
+signature, skips the ones already finished in this sweep's experiment, then submits the rest
+through submitit (at most `max_parallel` at once), shows one live line per job and ends with
+a summary. The job itself is hydra-submitit-launcher's `__call__` (it re-runs the Hydra job),
+and so is `checkpoint()`: a requeued job re-runs with the same overrides and resumes from the
+checkpoint found by its signature.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
+from omegaconf import OmegaConf
+
+from .. import paths
+from . import status
+from .configs import ConfigError
+from .spec import Job, run_config
+from .table import job_table, live_table, summary_table
+
+H100_BF16_FLOPS, ASSUMED_MFU = 989e12, 0.40
+
+
+class SweepFailed(RuntimeError):
+    """Some jobs failed; the summary has been printed."""
+
+
+class SweepLauncher(BaseSubmititLauncher):
+    def __init__(self, max_parallel: int | None = None, **params: Any) -> None:
+        super().__init__(**params)
+        self.max_parallel = max_parallel
+
+    # -- planning ---------------------------------------------------------------------------
+    def plan(self, job_overrides: Sequence[Sequence[str]]) -> tuple[list[Job], dict[str, list[list[str]]]]:
+        jobs: dict[str, Job] = {}
+        duplicates: dict[str, list[list[str]]] = {}
+        for overrides in job_overrides:
+            shown = list(filter_overrides(overrides))
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            try:
+                job = Job(shown, run_config(cfg), cfg.sweep)
+            except ConfigError as err:
+                raise ConfigError(f"{err}  [in job: {' '.join(shown)}]") from None
+            if job.signature in jobs:
+                duplicates.setdefault(job.signature, []).append(shown)
+            else:
+                jobs[job.signature] = job
+        return list(jobs.values()), duplicates
+
+    # -- submission -------------------------------------------------------------------------
+    def executor(self):
+        import submitit
+        params = dict(self.params)
+        folder = params.pop("submitit_folder")
+        init = {f"{self._EXECUTOR}_max_num_timeout": params.pop("max_num_timeout")} if "max_num_timeout" in params else {}
+        executor = submitit.AutoExecutor(folder=folder, cluster=self._EXECUTOR, **init)
+        shared = set(OmegaConf.structured(BaseQueueConf).keys())
+        executor.update_parameters(**{k if k in shared else f"{self._EXECUTOR}_{k}": v for k, v in params.items()})
+        return executor
+
+    def bound(self, n_jobs: int) -> int:
+        if self.max_parallel:
+            return self.max_parallel
+        if self._EXECUTOR == "local":
+            return max(1, len(os.sched_getaffinity(0)) // max(1, self.params.get("cpus_per_task") or 1))
+        return n_jobs
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        jobs, duplicates = self.plan(job_overrides)
+        n_dups = sum(map(len, duplicates.values()))
+        print(f"{len(job_overrides)} override sets -> {len(jobs)} distinct jobs"
+              + (f" ({n_dups} share a signature with another, e.g. "
+                 f"{' '.join(next(iter(duplicates.values()))[0])} == "
+                 f"{' '.join(next(j for j in jobs if j.signature in duplicates).overrides)})" if n_dups else ""))
+        if self.config.dry_run:
+            job_table(jobs, self.estimate).print()
+            return []
+        skipped = {j.signature: status.finished_in(paths.runs_dir() / j.signature, j.experiment) for j in jobs}
+        todo = [j for j in jobs if not skipped[j.signature]]
+        for experiment in {j.experiment for j in jobs}:  # create the store once, before parallel writers
+            from ..track import store
+            store.experiment_id(experiment)
+        os.environ.setdefault("DDL_CPUS", str(self.params.get("cpus_per_task") or 1))
+        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        outcomes = self.run_jobs(todo, initial_job_idx) if todo else {}
+        rows = [(j, "skipped", f"finished before: MLflow run {skipped[j.signature]['run_id']}") if skipped[j.signature]
+                else (j, *outcomes[j.signature][:2]) for j in jobs]
+        summary_table(rows).print()
+        if any(state != "finished" and state != "skipped" for _, state, _ in rows):
+            raise SweepFailed(f"{sum(s not in ('finished', 'skipped') for _, s, _ in rows)} of {len(rows)} jobs failed")
+        return [outcomes[j.signature][2] for j in todo]
+
+    def run_jobs(self, jobs: list[Job], first_idx: int) -> dict[str, tuple[str, str, JobReturn | None]]:
+        executor = self.executor()
+        pending = list(enumerate(jobs, start=first_idx))
+        running: dict[str, Any] = {}
+        outcomes: dict[str, tuple[str, str, JobReturn | None]] = {}
+        limit = self.bound(len(jobs))
+        for job in jobs:
+            status.write(paths.runs_dir() / job.signature, state="queued", name=job.name, step=0,
+                         steps=job.run.train.steps, error=None)
+        with live_table(jobs) as refresh:
+            while pending or running:
+                while pending and len(running) < limit:
+                    idx, job = pending.pop(0)
+                    running[job.signature] = executor.submit(self, job.overrides, "hydra.sweep.dir", idx,
+                                                             f"job_id_for_{idx}", Singleton.get_state())
+                for signature, handle in list(running.items()):
+                    if handle.done():
+                        outcomes[signature] = self.outcome(handle)
+                        del running[signature]
+                refresh({s: h.job_id for s, h in running.items()})
+                time.sleep(1.0)
+        return outcomes
+
+    @staticmethod
+    def outcome(handle) -> tuple[str, str, JobReturn | None]:
+        try:
+            result = handle.results()[0]
+        except Exception as err:  # the job raised (its traceback is in the submitit log)
+            lines = [line for line in str(err).splitlines() if line.strip()]
+            error = next((line for line in reversed(lines) if "Error" in line or "Exception" in line),
+                         lines[-1] if lines else type(err).__name__)
+            return "failed", f"{error.strip()[:160]}  (log: {handle.paths.stderr})", None
+        if result.status == JobStatus.FAILED:
+            return "failed", str(result._return_value).splitlines()[0][:160], result
+        value = result.return_value or {}
+        return value.get("status", "finished"), f"val/loss {value.get('final', {}).get('val/loss', float('nan')):.4f}", result
+
+    def estimate(self, job: Job) -> tuple[int, int, float]:
+        """(parameters, tokens, GPU-hours at ASSUMED_MFU of an H100's bf16 peak, 6*N*D FLOPs)."""
+        from ..model import GPT
+        import torch
+        with torch.device("meta"):
+            n_params = GPT(job.run.model).num_params()
+        tokens = job.run.train.steps * job.run.train.batch_tokens
+        return n_params, tokens, 6 * n_params * tokens / (H100_BF16_FLOPS * ASSUMED_MFU) / 3600
+

@@ -1,0 +1,120 @@
+"""MLflow: one experiment per sweep, one run per job (found again by its signature tag).
+
+The store is `ddl.paths.tracking_uri()`: the project's SQLite file (concurrency-safe for the
+local launcher's parallel jobs: SQLite serialises writers and MLflow retries on a busy file),
+or MLFLOW_TRACKING_URI for a team server. Artifacts go to DDL_HOME/mlartifacts/<experiment>.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from .. import paths
+
+SIGNATURE_TAG = "ddl.signature"
+ERROR_TAG = "ddl.error"
+# MLflow 3 opens an experiment on its GenAI overview unless it is marked as model training.
+EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
+
+
+def client():
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    uri = paths.tracking_uri()
+    if uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(uri)
+    return MlflowClient(uri)
+
+
+def experiment_id(name: str) -> str:
+    """Get or create the experiment (artifacts under DDL_HOME/mlartifacts unless a server decides)."""
+    c = client()
+    found = c.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    location = None
+    if not os.environ.get("MLFLOW_TRACKING_URI"):
+        location = (paths.artifacts_dir() / name).as_uri()
+    try:
+        return c.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: TRAINING_KIND})
+    except Exception:  # another job created it first
+        return c.get_experiment_by_name(name).experiment_id
+
+
+def runs_with_signature(experiment: str, signature: str) -> list:
+    c = client()
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    return c.search_runs([exp.experiment_id], f"tags.`{SIGNATURE_TAG}` = '{signature}'",
+                         order_by=["attributes.start_time DESC"])
+
+
+def open_run(experiment: str, signature: str, run_name: str, params: dict, tags: dict) -> str:
+    """The job's run: the unfinished one of this signature (a resumed job continues it), else a new one."""
+    c = client()
+    exp_id = experiment_id(experiment)
+    for run in runs_with_signature(experiment, signature):
+        if run.info.status != "FINISHED":
+            c.update_run(run.info.run_id, status="RUNNING")
+            c.set_tag(run.info.run_id, "ddl.resumed", "true")
+            return run.info.run_id
+    run = c.create_run(exp_id, run_name=run_name, tags={SIGNATURE_TAG: signature, **tags})
+    from mlflow.entities import Param
+    items = [Param(k, str(v)) for k, v in params.items()]
+    for i in range(0, len(items), 100):
+        c.log_batch(run.info.run_id, params=items[i:i + 100])
+    return run.info.run_id
+
+
+class MLflowLogger:
+    """The trainer's MetricLogger: metrics buffered and written in batches (log_batch), so the
+    training loop never waits on the store more than once every `flush_s` seconds."""
+
+    def __init__(self, run_id: str, flush_s: float = 5.0, max_buffer: int = 900):
+        self.run_id, self.flush_s, self.max_buffer = run_id, flush_s, max_buffer
+        self._buffer: list = []
+        self._last_flush = time.monotonic()
+        self._client = client()
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+        now = int(time.time() * 1000)
+        self._buffer.extend(Metric(k, float(v), now, step) for k, v in metrics.items())
+        if len(self._buffer) >= self.max_buffer or time.monotonic() - self._last_flush > self.flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        for i in range(0, len(self._buffer), 1000):
+            self._client.log_batch(self.run_id, metrics=self._buffer[i:i + 1000])
+        self._buffer = []
+        self._last_flush = time.monotonic()
+
+    def close(self) -> None:
+        self.flush()
+
+
+def close_run(run_id: str, status: str, *, metrics: dict[str, float] | None = None,
+              texts: dict[str, str] | None = None, files: list[Path] | None = None, error: str | None = None) -> None:
+    """End the run FINISHED / FAILED / KILLED with its final metrics, artifacts and error line."""
+    c = client()
+    if metrics:
+        from mlflow.entities import Metric
+        now = int(time.time() * 1000)
+        c.log_batch(run_id, metrics=[Metric(f"final/{k}", float(v), now, 0) for k, v in metrics.items()])
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text in (texts or {}).items():
+            (Path(tmp) / name).write_text(text)
+            c.log_artifact(run_id, str(Path(tmp) / name))
+    for path in files or []:
+        if Path(path).is_file():
+            c.log_artifact(run_id, str(path))
+    if error:
+        c.set_tag(run_id, ERROR_TAG, error[:5000])
+    c.set_terminated(run_id, status=status)
+
