@@ -56,18 +56,28 @@ def run_main() -> None:
 def _hydra_app(config_path: str):
     import hydra
 
+    from .launch.configs import ConfigError
+
     @hydra.main(config_path=config_path, config_name="config", version_base="1.3")
     def app(cfg):
-        from .launch.job import run_task
-        if cfg.dry_run:
-            from .launch.launcher import SweepLauncher
-            from .launch.spec import Job, run_config
-            from .launch.table import job_table
-            job_table([Job([], run_config(cfg), cfg.sweep)], SweepLauncher.estimate).print()
-            return None
-        return run_task(cfg)
+        try:
+            return _run_one(cfg)
+        except ConfigError as err:  # exit here: Hydra would log a second line for an exception
+            print(f"ddl-run: error: {err}", file=sys.stderr)
+            sys.exit(2)
 
     return app
+
+
+def _run_one(cfg):
+    from .launch.job import run_task
+    if cfg.dry_run:
+        from .launch.launcher import SweepLauncher
+        from .launch.spec import Job, run_config
+        from .launch.table import job_table
+        job_table([Job([], run_config(cfg), cfg.experiment)], SweepLauncher.estimate).print()
+        return None
+    return run_task(cfg)
 
 
 def _dispatch(module: str) -> None:

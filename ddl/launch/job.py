@@ -11,7 +11,6 @@ import os
 import platform
 import socket
 import subprocess
-import traceback
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -58,7 +57,7 @@ def _tags(job: Job, launcher: str) -> dict:
 
 
 def run_task(cfg: DictConfig) -> dict:
-    job = Job(overrides=[], run=run_config(cfg), experiment=cfg.sweep)
+    job = Job(overrides=[], run=run_config(cfg), experiment=cfg.experiment)
     signature, run_dir = job.signature, paths.runs_dir() / job.signature
     launcher = _join_submitit_ddp()
     is_main = os.environ.get("RANK", "0") == "0"
@@ -103,7 +102,7 @@ def run_task(cfg: DictConfig) -> dict:
             logger.close()
             requeued = isinstance(err, SystemExit)  # submitit requeues after our checkpoint: the run goes on
             if is_main and not requeued:
-                first_line = (traceback.format_exception_only(type(err), err)[-1].strip() or type(err).__name__)
+                first_line = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}".rstrip(": ")
                 state = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
                 store.close_run(run_id, state, files=[log_path], error=first_line)
                 status.write(run_dir, state=state.lower(), error=first_line)

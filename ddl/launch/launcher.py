@@ -47,7 +47,7 @@ class SweepLauncher(BaseSubmititLauncher):
             shown = list(filter_overrides(overrides))
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             try:
-                job = Job(shown, run_config(cfg), cfg.sweep)
+                job = Job(shown, run_config(cfg), cfg.experiment)
             except ConfigError as err:
                 raise ConfigError(f"{err}  [in job: {' '.join(shown)}]") from None
             if job.signature in jobs:
@@ -116,25 +116,27 @@ class SweepLauncher(BaseSubmititLauncher):
                                                              f"job_id_for_{idx}", Singleton.get_state())
                 for signature, handle in list(running.items()):
                     if handle.done():
-                        outcomes[signature] = self.outcome(handle)
+                        outcomes[signature] = self.outcome(handle, paths.runs_dir() / signature)
                         del running[signature]
                 refresh({s: h.job_id for s, h in running.items()})
                 time.sleep(1.0)
         return outcomes
 
     @staticmethod
-    def outcome(handle) -> tuple[str, str, JobReturn | None]:
+    def outcome(handle, run_dir: Path) -> tuple[str, str, JobReturn | None]:
+        """(state, detail, JobReturn): the job's own error line when it wrote one, else submitit's."""
         try:
-            result = handle.results()[0]
-        except Exception as err:  # the job raised (its traceback is in the submitit log)
-            lines = [line for line in str(err).splitlines() if line.strip()]
-            error = next((line for line in reversed(lines) if "Error" in line or "Exception" in line),
-                         lines[-1] if lines else type(err).__name__)
-            return "failed", f"{error.strip()[:160]}  (log: {handle.paths.stderr})", None
-        if result.status == JobStatus.FAILED:
-            return "failed", str(result._return_value).splitlines()[0][:160], result
-        value = result.return_value or {}
-        return value.get("status", "finished"), f"val/loss {value.get('final', {}).get('val/loss', float('nan')):.4f}", result
+            result, error = handle.results()[0], None
+        except Exception as err:  # the job process died or raised outside Hydra's run_job
+            result, error = None, err
+        if result is not None and result.status != JobStatus.FAILED:
+            value = result.return_value or {}
+            return value.get("status", "finished"), f"val/loss {value.get('final', {}).get('val/loss', float('nan')):.4f}", result
+        if error is None:
+            error = result._return_value  # Hydra keeps the task's exception here
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        recorded = status.read(run_dir).get("error") or (lines[-1] if lines else type(error).__name__)
+        return "failed", f"{recorded}  (log: {handle.paths.stderr})", result
 
     def estimate(self, job: Job) -> tuple[int, int, float]:
         """(parameters, tokens, GPU-hours at ASSUMED_MFU of an H100's bf16 peak, 6*N*D FLOPs)."""

@@ -129,6 +129,9 @@ def train(run: RunConfig, run_dir: Path, logger: MetricLogger, signature: str, *
     info = init_distributed("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
                             else "cpu")
     device = _device(cfg, info)
+    if info.world_size > 1:
+        print(f"rank {info.rank}/{info.world_size}: joined the {torch.distributed.get_backend()} process group",
+              flush=True)
     dataset = open_dataset(prepare(run.data, root=data_root, progress=info.is_main))
     bytes_per_token = dataset.manifest["bytes_per_token"]["val"]
 

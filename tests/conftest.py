@@ -1,0 +1,29 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def ddl_home(tmp_path, monkeypatch):
+    home = tmp_path / "ddl_home"
+    monkeypatch.setenv("DDL_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return home
+
+
+def run_cli(tool: str, *args: str, cwd=None, timeout=600) -> subprocess.CompletedProcess:
+    """Run an installed console script (ddl-run, ddl-report, ...) the way a user does."""
+    return subprocess.run([str(VENV_BIN / tool), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def mlflow_runs(experiment: str):
+    from ddl.track import store
+    c = store.client()
+    exp = c.get_experiment_by_name(experiment)
+    return [] if exp is None else c.search_runs([exp.experiment_id])

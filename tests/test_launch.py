@@ -1,0 +1,85 @@
+"""ddl-run for real: the Hydra app in a subprocess, the submitit local executor, a real MLflow store."""
+
+import pytest
+
+from tests.conftest import mlflow_runs, run_cli
+
+SMOKE = ["model=micro", "train=smoke"]
+
+
+@pytest.mark.slow
+def test_the_users_sweep_runs_three_distinct_jobs_then_skips_them(ddl_home, tmp_path):
+    args = ["-m", "residual=ddl,baseline", "dv=1,4", *SMOKE]
+    first = run_cli("ddl-run", *args, cwd=tmp_path)                  # not the checkout: configs still found
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "4 override sets -> 3 distinct jobs" in first.stdout
+    runs = mlflow_runs("default")
+    assert sorted(r.info.run_name for r in runs) == ["baseline-micro-s0", "ddl_dv1-micro-s0", "ddl_dv4-micro-s0"]
+    from ddl.track import store
+    c = store.client()
+    for run in runs:
+        assert run.info.status == "FINISHED"
+        assert run.data.params["model.residual"] in ("ddl", "baseline") and run.data.params["train.steps"] == "20"
+        assert run.data.tags["ddl.launcher"] == "local" and len(run.data.tags["ddl.signature"]) == 12
+        assert {"train/loss", "val/loss", "val/ppl", "train/lr", "train/grad_norm", "train/tokens_per_s"} <= run.data.metrics.keys()
+        assert [m.step for m in c.get_metric_history(run.info.run_id, "val/loss")] == [10, 20]
+        assert {a.path for a in c.list_artifacts(run.info.run_id)} == {"config.yaml", "final_metrics.json", "train.log"}
+        if run.data.params["model.residual"] == "ddl":
+            assert "beta/frac_gt1" in run.data.metrics and "beta/L01.mlp/mean" in run.data.metrics
+    again = run_cli("ddl-run", *args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("skipped") >= 3 and "0 finished, 3 skipped, 0 failed" in again.stdout
+    assert len(mlflow_runs("default")) == 3
+
+
+def test_a_dry_run_launches_and_writes_nothing(ddl_home):
+    out = run_cli("ddl-run", "-m", "+sweep=paper_small", "--dry-run")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "6 override sets -> 6 distinct jobs" in out.stdout
+    for row in ("baseline-small", "ddl_dv1-small", "ddl_dv4_cc_ec-small"):
+        assert row in out.stdout
+    assert "GPU-h" in out.stdout and "4.92e+10" in out.stdout                 # 100k x 491,520 tokens
+    assert not (ddl_home / "mlflow.db").exists() and not (ddl_home / "runs").exists()
+
+
+@pytest.mark.slow
+def test_a_failing_job_does_not_stop_its_siblings(ddl_home):
+    out = run_cli("ddl-run", "-m", *SMOKE, "+model.init_std=0.02,1e15", "experiment=failing")
+    assert out.returncode == 1
+    assert "1 finished, 0 skipped, 1 failed" in out.stdout and "NonFiniteLoss" in out.stdout
+    states = sorted((r.data.params["model.init_std"], r.info.status) for r in mlflow_runs("failing"))
+    assert states == [("0.02", "FINISHED"), ("1000000000000000.0", "FAILED")]
+    failed = next(r for r in mlflow_runs("failing") if r.info.status == "FAILED")
+    assert failed.data.tags["ddl.error"].startswith("NonFiniteLoss: train loss is nan at step 1")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model=huge", "model=huge: must be one of medium, micro, small, tiny"),
+    ("dv=0", "dv=0: must be an integer >= 1"),
+    ("beta_init=3", "beta_init=3: must be a number in [0, 2]"),
+    ("dv=2 conv=cc ddl.state_conv_kernel=3", "state_conv_kernel=3: must be <= dv=2 for conv=cc"),
+    ("train.steps=-5", "train.steps=-5: must be an integer >= 1"),
+    ("foo=1", "foo: unknown key"),
+    ("residual=sum", "residual='sum': must be one of baseline, ddl"),
+    ("data.tokenizer=words", "data.tokenizer='words': must be one of byte, bpe, gpt2"),
+])
+@pytest.mark.parametrize("mode", [[], ["-m"]])
+def test_invalid_overrides_get_one_line_and_no_run(ddl_home, override, message, mode):
+    out = run_cli("ddl-run", *mode, *SMOKE, *override.split())
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddl-run: error: ") and message in lines[0], out.stderr
+    assert not (ddl_home / "mlflow.db").exists() and not (ddl_home / "runs").exists()
+
+
+@pytest.mark.slow
+def test_a_two_task_local_job_trains_with_ddp_on_gloo(ddl_home):
+    out = run_cli("ddl-run", "-m", *SMOKE, "hydra.launcher.tasks_per_node=2", "train.batch_tokens=512",
+                  "experiment=ddp")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    [run] = mlflow_runs("ddp")
+    assert run.info.status == "FINISHED"
+    [rank1] = (ddl_home / "sweeps" / "ddp").rglob("*_1_log.out")                # rank 1's own process
+    assert "rank 1/2: joined the gloo process group" in rank1.read_text()
+    [rank0] = (ddl_home / "sweeps" / "ddp").rglob("*_0_log.out")
+    assert "rank 0/2: joined the gloo process group" in rank0.read_text() and "step     20" in rank0.read_text()
