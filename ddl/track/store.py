@@ -118,3 +118,19 @@ def close_run(run_id: str, status: str, *, metrics: dict[str, float] | None = No
         c.set_tag(run_id, ERROR_TAG, error[:5000])
     c.set_terminated(run_id, status=status)
 
+
+
+def log_evaluation(signature: str, scores: dict[str, float], results_json: str) -> list[str]:
+    """Attach a later evaluation (ddl-eval) to every run of this signature, in any experiment."""
+    from mlflow.entities import Metric
+    c = client()
+    experiments = [e.experiment_id for e in c.search_experiments()]
+    runs = c.search_runs(experiments, f"tags.`{SIGNATURE_TAG}` = '{signature}'") if experiments else []
+    now = int(time.time() * 1000)
+    for run in runs:
+        c.log_batch(run.info.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in scores.items()])
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "eval_results.json"
+            path.write_text(results_json)
+            c.log_artifact(run.info.run_id, str(path))
+    return [run.info.run_id for run in runs]

@@ -1,0 +1,85 @@
+"""Run lm-eval on a checkpoint: offline task files, the Hub tasks from the local cache only."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from .suites import OFFLINE_TASK, reported_metric
+
+
+class TaskUnavailable(ValueError):
+    """A requested lm-eval task cannot be loaded here (its dataset is not cached)."""
+
+
+@dataclass
+class EvalResult:
+    scores: dict[str, float]      # eval/<shots>shot/<task>/<metric>, fractions in [0, 1]
+    results_json: str             # lm-eval's full results, one document per shot count
+
+
+def offline_hub() -> None:
+    """No Hub traffic during a run: datasets and huggingface_hub read these flags at import, so
+    set both the variables and, where the libraries are already loaded, their constants."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if os.environ["HF_HUB_OFFLINE"] == "1":
+        import datasets.config
+        import huggingface_hub.constants
+        datasets.config.HF_DATASETS_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
+
+
+def task_manager():
+    from lm_eval.tasks import TaskManager
+    from .offline_task import ensure_task_dir
+    return TaskManager(include_path=str(ensure_task_dir()))
+
+
+def load_tasks(tasks: list[str], manager):
+    """Load every task up front from local files / the HF cache; a missing one is one clear line.
+
+    ddl never downloads during a run (cluster nodes are often offline and a hung download wastes
+    the allocation): `ddl-eval download` fills the cache on a connected machine.
+    """
+    from lm_eval.tasks import get_task_dict
+    loaded = {}
+    for task in tasks:
+        try:
+            loaded.update(get_task_dict([task], manager))
+        except Exception as err:
+            raise TaskUnavailable(
+                f"eval.tasks={task!r}: its dataset is not in the Hugging Face cache ({type(err).__name__}); on a "
+                f"connected machine run `ddl-eval download --tasks {task}` (same HF_HOME), then re-run; "
+                f"offline tasks: {OFFLINE_TASK}") from None
+    return loaded
+
+
+def evaluate(model_or_checkpoint, tasks: list[str], shots: list[int], *, tokenizer=None, batch_size: int = 16,
+             limit: int | None = None, device: str = "cpu") -> EvalResult:
+    offline_hub()
+    import lm_eval
+    from .adapter import DDLLM
+
+    manager = task_manager()
+    load_tasks(tasks, manager)  # fail fast, before any model work
+    if isinstance(model_or_checkpoint, (str, os.PathLike)):
+        lm = DDLLM(checkpoint=str(model_or_checkpoint), batch_size=batch_size, device=device)
+    else:
+        lm = DDLLM(model=model_or_checkpoint, tokenizer=tokenizer, batch_size=batch_size, device=device)
+    scores, documents = {}, {}
+    for k in shots:
+        out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=k, task_manager=manager, limit=limit,
+                                      log_samples=False, bootstrap_iters=0, random_seed=0, numpy_random_seed=0,
+                                      torch_random_seed=0, fewshot_random_seed=0)
+        for task, values in out["results"].items():
+            for key, value in values.items():
+                metric, _, filt = key.partition(",")
+                if filt == "none" and metric in ("acc", "acc_norm") and isinstance(value, (int, float)):
+                    scores[f"eval/{k}shot/{task}/{metric}"] = float(value)
+            metric = reported_metric(task)
+            if f"eval/{k}shot/{task}/{metric}" in scores:
+                scores[f"eval/{k}shot/{task}/reported"] = scores[f"eval/{k}shot/{task}/{metric}"]
+        documents[f"{k}shot"] = {key: out[key] for key in ("results", "configs", "versions", "n-shot", "config")
+                                 if key in out}
+    return EvalResult(scores, json.dumps(documents, indent=1, default=str))
