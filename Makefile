@@ -18,8 +18,17 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The embedded default: DDL d_v=1, d_v=4 and the baseline on CPU (tiny model, CPython's docs),
+# evaluated offline with lm-eval, then the report. Re-running skips finished jobs.
+demo: install
+	$(BIN)/ddl-run -m +sweep=demo
+	$(MAKE) --no-print-directory report
+
 test: install
 	$(BIN)/python -m pytest -q
+
+report: install
+	$(BIN)/ddl-report
 
 clean-runs:
 	rm -rf .ddl reports/*/

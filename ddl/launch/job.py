@@ -84,15 +84,17 @@ def run_task(cfg: DictConfig) -> dict:
             result = train(job.run, run_dir, logger, signature)
             logger.close()
             final = dict(result.final)
+            summary = {f"final/{k}": v for k, v in final.items()}   # the report's numbers
             texts = {"config.yaml": OmegaConf.to_yaml(cfg, resolve=True)}
             if cfg.eval.tasks and is_main:
                 scores, results_json = _evaluate(cfg, result.checkpoint)
                 final.update(scores)
+                summary.update(scores)
                 texts["eval_results.json"] = results_json
             if is_main:
                 import json
                 texts["final_metrics.json"] = json.dumps(final, indent=1)
-                store.close_run(run_id, "FINISHED", metrics=final, texts=texts, files=[log_path])
+                store.close_run(run_id, "FINISHED", metrics=summary, texts=texts, files=[log_path])
                 entry = {"run_id": run_id, "final": final}
                 status.mark_done(run_dir, job.experiment, entry)
                 status.write(run_dir, state="finished", **{"val_loss": final.get("val/loss")})

@@ -101,12 +101,12 @@ class MLflowLogger:
 
 def close_run(run_id: str, status: str, *, metrics: dict[str, float] | None = None,
               texts: dict[str, str] | None = None, files: list[Path] | None = None, error: str | None = None) -> None:
-    """End the run FINISHED / FAILED / KILLED with its final metrics, artifacts and error line."""
+    """End the run FINISHED / FAILED / KILLED with its summary metrics, artifacts and error line."""
     c = client()
     if metrics:
         from mlflow.entities import Metric
         now = int(time.time() * 1000)
-        c.log_batch(run_id, metrics=[Metric(f"final/{k}", float(v), now, 0) for k, v in metrics.items()])
+        c.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
     with tempfile.TemporaryDirectory() as tmp:
         for name, text in (texts or {}).items():
             (Path(tmp) / name).write_text(text)

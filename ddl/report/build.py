@@ -1,0 +1,72 @@
+"""`reports/<experiment>/`: every table as .md/.tex/.csv, Figure 2 as PNG/SVG, one index.html.
+
+Reads MLflow only (through ddl.track.query). Written into a temporary sibling directory and
+swapped into place, so a reader never sees half a report.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from . import render
+from .figures import loss_curves
+from .tables import Table, accuracy_table, evaluated, loss_table
+
+SIZE_ORDER = ["small", "medium", "tiny", "micro"]
+
+
+@dataclass
+class Report:
+    experiment: str
+    path: Path
+    tables: list[Table]
+    runs: pd.DataFrame
+    unit: str
+
+
+def _sizes(runs: pd.DataFrame) -> list[str]:
+    found = list(dict.fromkeys(runs["params.model.size"]))
+    return sorted(found, key=lambda s: (SIZE_ORDER.index(s) if s in SIZE_ORDER else len(SIZE_ORDER), s))
+
+
+def _unit(runs: pd.DataFrame) -> str:
+    units = sorted(set(runs.get("tags.ddl.loss_unit", pd.Series(dtype=str)).dropna()))
+    return " / ".join(units) if units else "nats/token"
+
+
+def build(experiment: str, runs: pd.DataFrame, histories: pd.DataFrame, out_root: Path) -> Report:
+    sizes, unit = _sizes(runs), _unit(runs)
+    tables = [loss_table(runs, sizes, unit)]
+    for shots, tasks in evaluated(runs):
+        tables += [accuracy_table(runs, size, shots, tasks) for size in sizes]
+    out_root.mkdir(parents=True, exist_ok=True)
+    final = out_root / experiment
+    staging = Path(tempfile.mkdtemp(prefix=f".{experiment}.", dir=out_root))
+    figures = []
+    for size in sizes:
+        figures += [f for f in loss_curves(runs, histories, size, unit, staging) if f.endswith(".png")]
+    for table in tables:
+        (staging / f"{table.name}.md").write_text(render.markdown(table))
+        (staging / f"{table.name}.tex").write_text(render.latex(table))
+        (staging / f"{table.name}.csv").write_text(render.csv_text(table))
+    counts = runs["status"].value_counts().to_dict()
+    summary = f"{len(runs)} runs ({', '.join(f'{n} {s}' for s, n in counts.items())}); losses in {unit}."
+    (staging / "index.html").write_text(render.html_page(experiment, tables, figures, summary))
+    (staging / "README.md").write_text(f"# ddl report: {experiment}\n\n{summary}\n\n" +
+                                       "\n".join(render.markdown(t) for t in tables))
+    os.chmod(staging, 0o755)
+    if final.exists():
+        old = final.with_name(f".{experiment}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(staging, final)
+        shutil.rmtree(old)
+    else:
+        os.replace(staging, final)
+    return Report(experiment, final, tables, runs, unit)

@@ -1,0 +1,49 @@
+"""`ddl-report [--experiment NAME ...] [--out DIR]`: the paper's tables and Figure 2 from MLflow."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .. import paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ddl-report", description=__doc__)
+    parser.add_argument("--experiment", nargs="+", help="MLflow experiments (default: every one with ddl runs)")
+    parser.add_argument("--out", type=Path, default=None, help="report root (default: reports/ of the checkout)")
+    args = parser.parse_args(argv)
+
+    from rich.console import Console
+    from rich.table import Table as RichTable
+
+    from ..track.query import ddl_experiments, load_histories, load_runs
+    from .build import build
+    from .render import _ours
+    from .tables import row_label
+
+    experiments = args.experiment or ddl_experiments()
+    if not experiments:
+        print(f"ddl-report: no ddl runs in {paths.tracking_uri()}; run `ddl-run` or `make demo` first")
+        return 1
+    console = Console()
+    for experiment in experiments:
+        runs = load_runs(experiment)
+        if runs.empty:
+            print(f"ddl-report: error: experiment={experiment!r}: no ddl runs there")
+            return 2
+        histories = load_histories(list(runs["run_id"]), ["train/loss", "val/loss"])
+        report = build(experiment, runs, histories, args.out or paths.reports_dir())
+        loss = report.tables[0]
+        summary = RichTable(title=f"{experiment}: final validation loss ({report.unit})")
+        summary.add_column("model")
+        for col in loss.columns[::2]:
+            summary.add_column(col.header)
+        for row in loss.rows:
+            cells = [loss.cells[row, col.key] for col in loss.columns[::2]]
+            if any(c.mean is not None or c.marker != "—" for c in cells):
+                summary.add_row(row_label(row), *[_ours(c) for c in cells])
+        console.print(summary)
+        console.print(f"report: {report.path / 'index.html'}  ({len(report.tables)} tables, "
+                      f"{len(list(report.path.glob('figure2_*')))} figures)")
+    return 0

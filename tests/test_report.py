@@ -1,0 +1,79 @@
+"""make report on a real MLflow store written by real ddl-run sweeps (not hand-made dataframes)."""
+
+import csv
+
+import pytest
+
+from tests.conftest import mlflow_runs, run_cli
+
+MICRO = ["model=micro", "train=smoke", "experiment=report"]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    import os
+    home = tmp_path_factory.mktemp("home")
+    old = os.environ.get("DDL_HOME")
+    os.environ["DDL_HOME"] = str(home)
+    try:
+        sweep = run_cli("ddl-run", "-m", "residual=ddl,baseline", "dv=1,4", *MICRO, "eval=offline", "eval.limit=20")
+        assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-2000:]
+        failing = run_cli("ddl-run", "dv=4", "conv=cc", *MICRO, "+model.init_std=1e15")
+        assert failing.returncode != 0
+        small = run_cli("ddl-run", "residual=baseline", "model=small", "train=smoke", "experiment=report",
+                        "train.steps=1", "train.seq_len=32", "train.micro_batch=2", "train.batch_tokens=64",
+                        "train.eval_tokens=64", "train.warmup_steps=0")
+        assert small.returncode == 0, small.stderr[-2000:]
+        out = run_cli("ddl-report", "--experiment", "report", "--out", str(home / "reports"))
+        assert out.returncode == 0, out.stderr[-2000:]
+        yield home / "reports" / "report", mlflow_runs("report"), out.stdout
+    finally:
+        os.environ.pop("DDL_HOME") if old is None else os.environ.__setitem__("DDL_HOME", old)
+
+
+def cells(path):
+    with open(path) as f:
+        return {(r["row"], r["column"]): r for r in csv.DictReader(f)}
+
+
+@pytest.mark.slow
+def test_table3_cells_are_the_runs_final_metrics(report):
+    out_dir, runs, _ = report
+    table = cells(out_dir / "table3.csv")
+    finished = [r for r in runs if r.info.status == "FINISHED" and r.data.params["model.size"] == "micro"]
+    assert len(finished) == 3
+    for run in finished:
+        cell = table[run.data.params["model.row"], "micro/val_loss"]
+        assert float(cell["mean"]) == pytest.approx(run.data.metrics["final/val/loss"])
+    best = min(finished, key=lambda r: r.data.metrics["final/val/loss"]).data.params["model.row"]
+    second = sorted(finished, key=lambda r: r.data.metrics["final/val/loss"])[1].data.params["model.row"]
+    assert table[best, "micro/val_loss"]["rank"] == "1" and table[second, "micro/val_loss"]["rank"] == "2"
+    assert table["ddl_dv4_cc", "micro/val_loss"]["marker"] == "FAILED"
+    assert table["ddl_dv4_ec", "micro/val_loss"]["marker"] == "—"
+    md = (out_dir / "table3.md").read_text()
+    assert f"**{float(table[best, 'micro/val_loss']['mean']):.4f}**" in md and "<u>" in md
+    assert "FAILED" in next(line for line in md.splitlines() if line.startswith("| DDL-CC |"))
+
+
+@pytest.mark.slow
+def test_paper_columns_sit_beside_our_numbers(report):
+    out_dir, runs, _ = report
+    cell = cells(out_dir / "table3.csv")["baseline", "small/val_loss"]
+    assert float(cell["paper"]) == pytest.approx(2.85426)
+    assert float(cell["delta"]) == pytest.approx(float(cell["mean"]) - 2.85426)
+    assert "paper 2.8543, Δ" in (out_dir / "table3.md").read_text()
+    assert r"\toprule" in (out_dir / "table3.tex").read_text()
+
+
+@pytest.mark.slow
+def test_offline_task_columns_figures_and_html(report):
+    out_dir, runs, stdout = report
+    acc = cells(out_dir / "accuracy_micro_0shot.csv")
+    ddl_run = next(r for r in runs if r.data.params.get("model.row") == "ddl_dv4" and r.info.status == "FINISHED")
+    assert float(acc["ddl_dv4", "ddl_continuation"]["mean"]) == pytest.approx(
+        100 * ddl_run.data.metrics["eval/0shot/ddl_continuation/reported"])
+    for name in ("figure2_micro.png", "figure2_micro.svg", "figure2_small.png", "index.html"):
+        assert (out_dir / name).stat().st_size > 1000
+    page = (out_dir / "index.html").read_text()
+    assert "Table 3" in page and "figure2_micro.png" in page and "nats/token (byte)" in page
+    assert "report:" in stdout and "Micro Valid Loss" in stdout
