@@ -25,10 +25,14 @@ demo: install
 	$(MAKE) --no-print-directory report
 
 test: install
+	scripts/system-deps
 	$(BIN)/python -m pytest -q
 
 report: install
 	$(BIN)/ddl-report
+
+ui: install
+	$(BIN)/ddl-ui
 
 clean-runs:
 	rm -rf .ddl reports/*/
