@@ -7,8 +7,15 @@ import torch
 
 from ddl.model import delta_update
 
-torch.set_default_dtype(torch.float64)
 D, DV = 16, 4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def float64():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
 
 
 def unit(d=D, seed=0):

@@ -35,7 +35,8 @@ def sweeps_dir() -> Path:
 
 
 def register() -> None:
-    """Named sweeps -> ConfigStore group `sweep` (global package); `${ddl_home:}` for Hydra's dirs."""
+    """Named sweeps -> ConfigStore group `sweep` (global package); resolvers `${ddl_home:}` (Hydra's
+    dirs) and `${one_task_per_gpu:N}` (SLURM tasks per node: one per GPU, at least one)."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
@@ -46,3 +47,4 @@ def register() -> None:
         store.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_", provider="ddl")
     if not OmegaConf.has_resolver("ddl_home"):
         OmegaConf.register_new_resolver("ddl_home", lambda: str(paths.home()))
+        OmegaConf.register_new_resolver("one_task_per_gpu", lambda gpus: max(1, int(gpus or 0)))

@@ -64,7 +64,9 @@ class _DeferredSignals:
 
     After the trainer checkpoints, `hand_over` restores the previous handlers and passes the
     signal on: submitit's SIGUSR2 handler then requeues the job, Python's SIGINT handler raises
-    KeyboardInterrupt; where no one handles it (SIG_DFL), the trainer raises Interrupted.
+    KeyboardInterrupt; where no one handles it (SIG_DFL), the trainer raises Interrupted. A
+    SIGTERM that a handler only logged (submitit's) ends the process with SystemExit: SLURM kills
+    after SIGTERM (requeue, preemption), and the requeued job resumes from this checkpoint.
     """
 
     def __init__(self):
@@ -90,6 +92,8 @@ class _DeferredSignals:
         self.__exit__()
         if callable(previous):
             previous(signum, None)      # may requeue+exit (submitit) or raise KeyboardInterrupt
+            if signum == signal.SIGTERM:  # a scheduler's kill follows SIGTERM: leave on our checkpoint
+                raise SystemExit(128 + signum)
             self.received = None
             self.__enter__()            # the previous handler chose to carry on: so do we
             return
