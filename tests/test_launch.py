@@ -83,3 +83,24 @@ def test_a_two_task_local_job_trains_with_ddp_on_gloo(ddl_home):
     assert "rank 1/2: joined the gloo process group" in rank1.read_text()
     [rank0] = (ddl_home / "sweeps" / "ddp").rglob("*_0_log.out")
     assert "rank 0/2: joined the gloo process group" in rank0.read_text() and "step     20" in rank0.read_text()
+
+
+@pytest.mark.slow
+def test_an_installed_wheel_finds_its_configs(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import zipfile
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path), str(root)], check=True, capture_output=True)
+    [wheel] = tmp_path.glob("ddl-*.whl")
+    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
+    site_packages = next(p for p in sys.path if p.endswith("site-packages"))
+    code = ("import sys; sys.argv = ['ddl-run', '-m', '+sweep=smoke', '--dry-run']; "
+            "import ddl.launch.configs as c; print(c.conf_dir()); from ddl.cli import run_main; run_main()")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}:{site_packages}"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith(str(tmp_path / "site" / "ddl" / "conf")) and "3 distinct jobs" in out.stdout
