@@ -34,5 +34,9 @@ report: install
 ui: install
 	$(BIN)/ddl-ui
 
+# The cost of the Delta residual against the baseline (same-process ratios) and of the orchestrator.
+bench: install
+	$(BIN)/python -m ddl.bench
+
 clean-runs:
 	rm -rf .ddl reports/*/

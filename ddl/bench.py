@@ -1,0 +1,204 @@
+"""`make bench`: what the Delta residual costs next to the baseline, and what the orchestrator costs.
+
+Every figure is a ratio to the baseline measured in the same process, the arms alternating
+round by round to cancel drift (thermal, other load). Writes reports/bench/bench.{json,md}.
+
+    python -m ddl.bench [--rounds 7] [--steps 3] [--quick]
+
+Memory on CPU is the bytes autograd saves for backward (activations: what grows with d_v);
+on CUDA, torch.cuda.max_memory_allocated over a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from . import paths
+from .model import GPT, ModelConfig
+
+ARMS = {"baseline": dict(residual="baseline"), "ddl_dv1": dict(residual="ddl", dv=1),
+        "ddl_dv4": dict(residual="ddl", dv=4), "ddl_dv4_cc": dict(residual="ddl", dv=4, conv="cc"),
+        "ddl_dv4_ec": dict(residual="ddl", dv=4, conv="ec")}
+CPU_SHAPE = dict(n_layer=4, n_head=4, d_model=256, max_seq_len=256, vocab_size=256)
+TARGETS = {"ddl_dv1": 1.05, "ddl_dv4": 1.25}
+
+
+class Arm:
+    def __init__(self, name: str, shape: dict, batch: int, seq: int, device: torch.device, compile_: bool):
+        torch.manual_seed(0)
+        self.name = name
+        self.model = GPT(ModelConfig(**shape, **ARMS[name])).to(device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=device.type == "cuda")
+        self.forward = torch.compile(self.model) if compile_ else self.model
+        self.x = torch.randint(0, shape["vocab_size"], (batch, seq), device=device)
+        self.device = device
+        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+        self.times: list[float] = []
+        self.memory = 0
+
+    def step(self) -> float:
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        sync()
+        start = time.perf_counter()
+        with self.autocast:
+            _, loss = self.forward(self.x, self.x)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        sync()
+        return time.perf_counter() - start
+
+    def measure_memory(self) -> int:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            self.step()
+            return torch.cuda.max_memory_allocated()
+        saved = 0
+
+        def pack(t):
+            nonlocal saved
+            saved += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            _, loss = self.model(self.x, self.x)
+        loss.backward()
+        self.model.zero_grad(set_to_none=True)
+        return saved
+
+
+def model_costs(device: torch.device, shape: dict, batch: int, seq: int, rounds: int, steps: int,
+                compile_: bool) -> dict:
+    arms = [Arm(name, shape, batch, seq, device, compile_) for name in ARMS]
+    for arm in arms:                                   # warm-up (and compilation)
+        arm.step(), arm.step()
+        arm.memory = arm.measure_memory()
+    for r in range(rounds):                            # alternate, reversing the order every round
+        for arm in (arms if r % 2 == 0 else arms[::-1]):
+            arm.times += [arm.step() for _ in range(steps)]
+    base = arms[0]
+    base_time = statistics.median(base.times)
+    tokens = batch * seq
+    rows = {}
+    for arm in arms:
+        median = statistics.median(arm.times)
+        rows[arm.name] = {"step_ms": 1e3 * median, "time_ratio": median / base_time, "tokens_per_s": tokens / median,
+                          "memory_mib": arm.memory / 2 ** 20, "memory_ratio": arm.memory / base.memory,
+                          "params": arm.model.num_params()}
+    return rows
+
+
+def _wall(cmd: list[str], env: dict) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, env=env, capture_output=True, check=True)
+    return time.perf_counter() - start
+
+
+def orchestrator_costs() -> dict:
+    """--help, a dry run of paper_small, and launching the smoke sweep to its first training step."""
+    ddl_run = str(Path(sys.executable).parent / "ddl-run")
+    with tempfile.TemporaryDirectory() as home:
+        env = {**os.environ, "DDL_HOME": home}
+        out = {"help_s": min(_wall([ddl_run, "--help"], env) for _ in range(3)),
+               "dry_run_paper_small_s": min(_wall([ddl_run, "-m", "+sweep=paper_small", "--dry-run"], env)
+                                            for _ in range(2))}
+        start = time.perf_counter()
+        process = subprocess.Popen([ddl_run, "-m", "+sweep=smoke", "train.log_every=1", "train.steps=200"], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            while time.perf_counter() - start < 300:
+                steps = [json.loads(p.read_text()).get("step", 0) for p in Path(home).glob("runs/*/status.json")
+                         if p.stat().st_size]
+                if any(s >= 1 for s in steps):
+                    out["smoke_sweep_to_first_step_s"] = time.perf_counter() - start
+                    break
+                time.sleep(0.05)
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(30)
+    return out
+
+
+def logging_cost(step_s: float) -> dict:
+    """Seconds per MLflowLogger.log_metrics call with a DDL step's metrics, over a step's time."""
+    from .track import store
+    with tempfile.TemporaryDirectory() as home:
+        os.environ["DDL_HOME"] = home
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        run_id = store.open_run("bench", "bench", "bench", {}, {})
+        logger = store.MLflowLogger(run_id)
+        metrics = {f"beta/L{i:02d}.{p}/{s}": 1.0 for i in range(4) for p in ("attn", "mlp")
+                   for s in ("mean", "std", "frac_gt1")} | {"train/loss": 1.0, "train/lr": 1.0}
+        calls = 300
+        start = time.perf_counter()
+        for step in range(calls):
+            logger.log_metrics(metrics, step)
+        logger.close()
+        per_call = (time.perf_counter() - start) / calls
+    return {"log_call_ms": 1e3 * per_call, "metrics_per_call": len(metrics), "fraction_of_step": per_call / step_s}
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# ddl bench ({result['machine']['device']}, torch {result['machine']['torch']})", "",
+             f"Model config: {result['config']}", "",
+             "| arm | step (ms) | x baseline | target | tokens/s | memory (MiB) | x baseline |", "|---|---|---|---|---|---|---|"]
+    for name, row in result["model"].items():
+        target = TARGETS.get(name, 1.05 * result["model"]["ddl_dv4"]["time_ratio"] if "dv4_" in name else None)
+        verdict = "" if target is None else f"<= {target:.2f} {'ok' if row['time_ratio'] <= target else 'MISSED'}"
+        lines.append(f"| {name} | {row['step_ms']:.1f} | {row['time_ratio']:.3f} | {verdict} | {row['tokens_per_s']:,.0f} "
+                     f"| {row['memory_mib']:.1f} | {row['memory_ratio']:.2f} |")
+    o, log = result["orchestrator"], result["logging"]
+    lines += ["", "| orchestrator | seconds | target |", "|---|---|---|",
+              f"| ddl-run --help | {o['help_s']:.2f} | < 1.5 |",
+              f"| dry run of paper_small | {o['dry_run_paper_small_s']:.2f} | < 3 |",
+              f"| smoke sweep to its first training step | {o.get('smoke_sweep_to_first_step_s', float('nan')):.2f} | |",
+              "", f"MLflow logging: {log['log_call_ms']:.3f} ms per step with {log['metrics_per_call']} metrics = "
+                  f"{100 * log['fraction_of_step']:.2f}% of a baseline step at the config above (target < 1%).", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddl.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, for a smoke check")
+    args = parser.parse_args(argv)
+    rounds, steps = (2, 1) if args.quick else (args.rounds, args.steps)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    shape, batch, seq = CPU_SHAPE, 8, 256
+    result = {"machine": {"device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+                          "torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version()},
+              "config": {**shape, "batch": batch, "seq_len": seq}}
+    result["model"] = model_costs(device, shape, batch, seq, rounds, steps, compile_=False)
+    if cuda:  # the paper's small size, bf16, compiled and not
+        small = dict(n_layer=12, n_head=6, d_model=768, max_seq_len=1024, vocab_size=50304)
+        for compile_ in (False, True):
+            result[f"model_small_bf16{'_compiled' if compile_ else ''}"] = model_costs(device, small, 16, 1024, rounds,
+                                                                                         steps, compile_)
+    result["orchestrator"] = orchestrator_costs()
+    result["logging"] = logging_cost(result["model"]["baseline"]["step_ms"] / 1e3)
+    out = paths.reports_dir() / "bench"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=1))
+    (out / "bench.md").write_text(markdown(result))
+    print(markdown(result))
+    print(f"written: {out / 'bench.json'}, {out / 'bench.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
