@@ -16,6 +16,16 @@ def ddl_home(tmp_path, monkeypatch):
     return home
 
 
+@pytest.fixture(scope="module")
+def module_ddl_home(tmp_path_factory):
+    """One DDL_HOME for a whole module, for fixtures that run a sweep once and share it."""
+    with pytest.MonkeyPatch.context() as mp:
+        home = tmp_path_factory.mktemp("ddl_home")
+        mp.setenv("DDL_HOME", str(home))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        yield home
+
+
 def run_cli(tool: str, *args: str, cwd=None, timeout=600) -> subprocess.CompletedProcess:
     """Run an installed console script (ddl-run, ddl-report, ...) the way a user does."""
     return subprocess.run([str(VENV_BIN / tool), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,

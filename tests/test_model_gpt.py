@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from ddl.model import GPT, ModelConfig, ddl_extra_params, model_config
+from ddl.model import GPT, ddl_extra_params, model_config
 from ddl.model.delta import ChannelConvCompressor, EmbedExpander
 
 VOCAB = 64

@@ -10,25 +10,19 @@ MICRO = ["model=micro", "train=smoke", "experiment=report"]
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    import os
-    home = tmp_path_factory.mktemp("home")
-    old = os.environ.get("DDL_HOME")
-    os.environ["DDL_HOME"] = str(home)
-    try:
-        sweep = run_cli("ddl-run", "-m", "residual=ddl,baseline", "dv=1,4", *MICRO, "eval=offline", "eval.limit=20")
-        assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-2000:]
-        failing = run_cli("ddl-run", "dv=4", "conv=cc", *MICRO, "+model.init_std=1e15")
-        assert failing.returncode != 0
-        small = run_cli("ddl-run", "residual=baseline", "model=small", "train=smoke", "experiment=report",
-                        "train.steps=1", "train.seq_len=32", "train.micro_batch=2", "train.batch_tokens=64",
-                        "train.eval_tokens=64", "train.warmup_steps=0")
-        assert small.returncode == 0, small.stderr[-2000:]
-        out = run_cli("ddl-report", "--experiment", "report", "--out", str(home / "reports"))
-        assert out.returncode == 0, out.stderr[-2000:]
-        yield home / "reports" / "report", mlflow_runs("report"), out.stdout
-    finally:
-        os.environ.pop("DDL_HOME") if old is None else os.environ.__setitem__("DDL_HOME", old)
+def report(module_ddl_home):
+    home = module_ddl_home
+    sweep = run_cli("ddl-run", "-m", "residual=ddl,baseline", "dv=1,4", *MICRO, "eval=offline", "eval.limit=20")
+    assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-2000:]
+    failing = run_cli("ddl-run", "dv=4", "conv=cc", *MICRO, "+model.init_std=1e15")
+    assert failing.returncode != 0
+    small = run_cli("ddl-run", "residual=baseline", "model=small", "train=smoke", "experiment=report",
+                    "train.steps=1", "train.seq_len=32", "train.micro_batch=2", "train.batch_tokens=64",
+                    "train.eval_tokens=64", "train.warmup_steps=0")
+    assert small.returncode == 0, small.stderr[-2000:]
+    out = run_cli("ddl-report", "--experiment", "report", "--out", str(home / "reports"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    return home / "reports" / "report", mlflow_runs("report"), out.stdout
 
 
 def cells(path):

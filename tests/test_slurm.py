@@ -1,7 +1,6 @@
 """The cluster path against a real SLURM (scripts/slurm-local): sbatch jobs, failures, requeue."""
 
 import json
-import os
 import subprocess
 import threading
 import time

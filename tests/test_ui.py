@@ -15,21 +15,14 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    import os
-    home = tmp_path_factory.mktemp("home")
-    old = os.environ.get("DDL_HOME")
-    os.environ["DDL_HOME"] = str(home)
-    try:
-        sweep = run_cli("ddl-run", "-m", "residual=ddl,baseline", "model=micro", "train=smoke", "experiment=ui")
-        assert sweep.returncode == 0, sweep.stderr[-2000:]
-        from ddl.track import ui
-        process, base = ui.start()
-        yield base, home
-        process.terminate()
-        process.wait(10)
-    finally:
-        os.environ.pop("DDL_HOME") if old is None else os.environ.__setitem__("DDL_HOME", old)
+def server(module_ddl_home):
+    sweep = run_cli("ddl-run", "-m", "residual=ddl,baseline", "model=micro", "train=smoke", "experiment=ui")
+    assert sweep.returncode == 0, sweep.stderr[-2000:]
+    from ddl.track import ui
+    process, base = ui.start()
+    yield base, module_ddl_home
+    process.terminate()
+    process.wait(10)
 
 
 def post(url, body):
