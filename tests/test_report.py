@@ -71,3 +71,13 @@ def test_offline_task_columns_figures_and_html(report):
     page = (out_dir / "index.html").read_text()
     assert "Table 3" in page and "figure2_micro.png" in page and "nats/token (byte)" in page
     assert "report:" in stdout and "Micro Valid Loss" in stdout
+
+
+def test_ties_share_their_rank():
+    from ddl.report.tables import Cell, Column, Table
+    table = Table("t", "t", ["a", "b", "c", "d"], [Column("acc", "Acc", True), Column("loss", "Loss", False)])
+    for row, acc, loss in zip("abcd", [38.96, 38.96, 45.45, 10.0], [2.0, 1.5, 1.5, 3.0]):
+        table.cells[row, "acc"], table.cells[row, "loss"] = Cell(acc), Cell(loss)
+    table.rank()
+    assert [table.cells[r, "acc"].rank for r in "abcd"] == [2, 2, 1, 0]
+    assert [table.cells[r, "loss"].rank for r in "abcd"] == [2, 1, 1, 0]

@@ -49,11 +49,13 @@ class Table:
     note: str = ""
 
     def rank(self) -> None:
+        """Best value(s) rank 1, the next distinct value rank 2: ties share their rank."""
         for col in self.columns:
-            scored = [(c.mean, row) for row in self.rows if (c := self.cells[row, col.key]).mean is not None]
-            scored.sort(reverse=col.higher_is_better)
-            for place, (_, row) in enumerate(scored[:2], start=1):
-                self.cells[row, col.key].rank = place
+            cells = [c for row in self.rows if (c := self.cells[row, col.key]).mean is not None]
+            distinct = sorted({round(c.mean, 10) for c in cells}, reverse=col.higher_is_better)
+            for c in cells:
+                place = distinct.index(round(c.mean, 10)) + 1
+                c.rank = place if place <= 2 else 0
 
 
 def paper_values() -> pd.DataFrame:
@@ -111,7 +113,8 @@ def accuracy_table(runs: pd.DataFrame, size: str, shots: int, tasks: list[str]) 
     with_average = len(tasks) > 1
     keys = tasks + (["average"] if with_average else [])
     columns = [Column(t, TASK_HEADERS.get(t, t), True) for t in keys]
-    title = f"{name.replace('table', 'Table ')}: {size} models, {shots}-shot accuracy (%) with lm-evaluation-harness"
+    label = name.replace("table", "Table ") if (size, shots) in ACCURACY_TABLES else "Accuracy"
+    title = f"{label}: {size} models, {shots}-shot accuracy (%) with lm-evaluation-harness"
     table = Table(name, title, _rows(runs), columns, note="Metric per task: see ddl/eval/suites.py.")
     for row in table.rows:
         subset = runs[(runs["params.model.size"] == size) & (runs["params.model.row"] == row)]
