@@ -5,8 +5,8 @@ round by round to cancel drift (thermal, other load). Writes reports/bench/bench
 
     python -m ddl.bench [--rounds 7] [--steps 3] [--quick]
 
-Memory on CPU is the bytes autograd saves for backward (activations: what grows with d_v);
-on CUDA, torch.cuda.max_memory_allocated over a step.
+Memory on CPU is the activation memory autograd holds for backward (unique storages saved,
+parameters excluded: what grows with d_v); on CUDA, torch.cuda.max_memory_allocated over a step.
 """
 
 from __future__ import annotations
@@ -65,18 +65,18 @@ class Arm:
             torch.cuda.reset_peak_memory_stats()
             self.step()
             return torch.cuda.max_memory_allocated()
-        saved = 0
+        storages: dict[int, int] = {}                 # a tensor saved by two ops is held once
 
         def pack(t):
-            nonlocal saved
-            saved += t.numel() * t.element_size()
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
             return t
 
+        parameters = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             _, loss = self.model(self.x, self.x)
         loss.backward()
         self.model.zero_grad(set_to_none=True)
-        return saved
+        return sum(n for ptr, n in storages.items() if ptr not in parameters)
 
 
 def model_costs(device: torch.device, shape: dict, batch: int, seq: int, rounds: int, steps: int,

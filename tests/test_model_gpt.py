@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from ddl.model import GPT, ddl_extra_params, model_config
+from ddl.model import GPT, ddl_extra_params, model_config, param_count
 from ddl.model.delta import ChannelConvCompressor, EmbedExpander
 
 VOCAB = 64
@@ -93,9 +93,34 @@ def test_cc_with_kernel_dv_is_a_per_feature_weighted_sum():
     assert torch.allclose(out, (X * a).sum(-1), atol=1e-12)
 
 
+@pytest.mark.parametrize("kernel", [1, 2, 4])
+def test_cc_mixing_equals_conv_along_dv_then_read(kernel):
+    import torch.nn.functional as F
+    cfg = model_config("micro", vocab_size=VOCAB, residual="ddl", dv=4, conv="cc", state_conv_kernel=kernel)
+    compress = ChannelConvCompressor(cfg).double()
+    torch.nn.init.normal_(compress.read)
+    X = torch.randn(2, 3, 64, 4, dtype=torch.float64)
+    windows = F.pad(X, (kernel - 1, 0)).unfold(-1, kernel, 1)                     # causal conv along d_v
+    direct = torch.einsum("btdjk,dk->btdj", windows, compress.weight) @ compress.read
+    assert torch.allclose(compress(X), direct, atol=1e-12)
+
+
+def test_time_conv_compressor_equals_depthwise_conv_then_read():
+    import torch.nn.functional as F
+    from ddl.model.delta import TimeConvCompressor
+    cfg = model_config("micro", vocab_size=VOCAB, residual="ddl", dv=4)
+    compress = TimeConvCompressor(cfg).double()
+    torch.nn.init.normal_(compress.read)
+    X = torch.randn(2, 9, 64, 4, dtype=torch.float64)
+    flat = F.pad(X.reshape(2, 9, 256).transpose(1, 2), (3, 0))                   # (B, d*dv, T+K-1)
+    conv = F.conv1d(flat, compress.weight, groups=256).transpose(1, 2).reshape(2, 9, 64, 4)
+    assert torch.allclose(compress(X), conv @ compress.read, atol=1e-12)
+
+
 def test_parameter_counts_match_the_paper():
-    assert abs(GPT(model_config("small")).num_params() / 124e6 - 1) < 0.01
-    assert abs(GPT(model_config("medium")).num_params() / 353e6 - 1) < 0.01
+    for size, paper in (("small", 124e6), ("medium", 353e6)):
+        n_params = GPT(model_config(size)).num_params()
+        assert abs(n_params / paper - 1) < 0.01 and n_params == param_count(model_config(size))
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -103,6 +128,7 @@ def test_ddl_extra_params(name):
     cfg = model_config("micro", vocab_size=VOCAB, **VARIANTS[name])
     base = GPT(dataclasses.replace(cfg, residual="baseline")).num_params()
     assert GPT(cfg).num_params() - base == ddl_extra_params(cfg)
+    assert GPT(cfg).num_params() == param_count(cfg)
     assert (ddl_extra_params(cfg) > 0) == (cfg.residual == "ddl")
 
 

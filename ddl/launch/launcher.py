@@ -138,12 +138,10 @@ class SweepLauncher(BaseSubmititLauncher):
         recorded = status.read(run_dir).get("error") or (lines[-1] if lines else type(error).__name__)
         return "failed", f"{recorded}  (log: {handle.paths.stderr})", result
 
-    def estimate(self, job: Job) -> tuple[int, int, float]:
+    @staticmethod
+    def estimate(job: Job) -> tuple[int, int, float]:
         """(parameters, tokens, GPU-hours at ASSUMED_MFU of an H100's bf16 peak, 6*N*D FLOPs)."""
-        from ..model import GPT
-        import torch
-        with torch.device("meta"):
-            n_params = GPT(job.run.model).num_params()
+        from ..model import param_count
+        n_params = param_count(job.run.model)
         tokens = job.run.train.steps * job.run.train.batch_tokens
         return n_params, tokens, 6 * n_params * tokens / (H100_BF16_FLOPS * ASSUMED_MFU) / 3600
-

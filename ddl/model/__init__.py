@@ -3,17 +3,17 @@
 The config half imports no torch, so CLIs can validate and plan without loading it.
 """
 
-from .config import CONVS, MAPPINGS, RESIDUALS, SIZES, ModelConfig, model_config
+from .config import CONVS, MAPPINGS, RESIDUALS, SIZES, ModelConfig, ddl_extra_params, model_config, param_count
 
-__all__ = ["CONVS", "MAPPINGS", "RESIDUALS", "SIZES", "ModelConfig", "model_config", "DeltaResidual",
-           "delta_update", "GPT", "ddl_extra_params"]
+__all__ = ["CONVS", "MAPPINGS", "RESIDUALS", "SIZES", "ModelConfig", "model_config", "param_count",
+           "ddl_extra_params", "DeltaResidual", "delta_update", "GPT"]
 
 
 def __getattr__(name):
     if name in ("DeltaResidual", "delta_update"):
         from . import delta
         return getattr(delta, name)
-    if name in ("GPT", "ddl_extra_params"):
+    if name == "GPT":
         from . import gpt
         return getattr(gpt, name)
     raise AttributeError(name)

@@ -152,3 +152,22 @@ def model_config(size: str, **overrides) -> ModelConfig:
     if size not in SIZES:
         _fail("model", size, f"must be one of {', '.join(SIZES)}")
     return ModelConfig(**{**SIZES[size], **overrides})
+
+
+def ddl_extra_params(cfg: ModelConfig) -> int:
+    """Parameters a DDL config adds over the same-size baseline (analytic; tested against GPT)."""
+    if cfg.residual == "baseline":
+        return 0
+    d, dv = cfg.d_model, cfg.dv
+    gate = d + 1 if cfg.beta_estimator == "linear" else d * cfg.beta_hidden + cfg.beta_hidden + 1
+    per_delta = gate + d * dv + dv + (d * d if cfg.mapping == "v" else 0)
+    compressor = (d if cfg.channel_conv else d * dv) * cfg.state_kernel + dv if cfg.expanded else 0
+    expander = d * dv * cfg.embed_conv_kernel if cfg.expanded and cfg.embed_conv else 0
+    return cfg.n_layer * (2 * per_delta + compressor) + (compressor + expander)
+
+
+def param_count(cfg: ModelConfig) -> int:
+    """GPT(cfg).num_params() without building it (no torch): dry runs and planning use this."""
+    d, hidden = cfg.d_model, (8 * cfg.d_model) // 3
+    block = 4 * d * d + 3 * d * hidden + 2 * d + 2 * cfg.head_dim   # attention, SwiGLU, 2 norms, QK norms
+    return cfg.vocab_size * d + cfg.n_layer * block + d + ddl_extra_params(cfg)

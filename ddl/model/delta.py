@@ -29,7 +29,7 @@ def delta_update(X: torch.Tensor, k_hat: torch.Tensor, beta: torch.Tensor, v: to
     X (B,T,d,dv), k_hat (B,T,d), beta (B,T,1) fp32, v (B,T,dv).
     """
     acc = _at_least_fp32(X.dtype)
-    proj = (k_hat.unsqueeze(-2) @ X).squeeze(-2).to(acc) * k_scale         # k^T X: (B,T,dv)
+    proj = (k_hat.unsqueeze(-1) * X).sum(-2, dtype=acc) * k_scale          # k^T X: (B,T,dv)
     delta = (beta * (v.to(acc) - proj) * k_scale).to(X.dtype)              # (B,T,dv)
     return X + k_hat.unsqueeze(-1) * delta.unsqueeze(-2)                   # rank-1 write
 
@@ -90,37 +90,55 @@ def _causal_time_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 class TimeConvCompressor(nn.Module):
-    """conv none/ec: x_in = sum_j w_p[j] * ShortConv_T(X)[..., j] (appendix B.3)."""
+    """conv none/ec: x_in = sum_j w_p[j] * ShortConv_T(X)[..., j] (appendix B.3).
+
+    The depthwise causal conv over T and the read vector are folded into one (d, d_v, K) kernel,
+    applied as K shifted multiply-and-sums: the convolved state is never materialised.
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         K, channels = cfg.state_kernel, cfg.d_model * cfg.dv
-        self.weight = nn.Parameter(torch.empty(channels, 1, K).uniform_(-K ** -0.5, K ** -0.5))
+        self.dv = cfg.dv
+        self.weight = nn.Parameter(torch.empty(channels, 1, K).uniform_(-K ** -0.5, K ** -0.5))  # channel i*dv + j
         self.read = nn.Parameter(torch.full((cfg.dv,), cfg.read_value))   # w_p
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
         B, T, d, dv = X.shape
-        X_conv = _causal_time_conv(X.reshape(B, T, d * dv), self.weight).view(B, T, d, dv)
-        return X_conv @ self.read.to(X.dtype)                                  # (B,T,d)
+        K = self.weight.size(-1)
+        a = (self.weight.view(d, dv, K) * self.read[:, None]).to(X.dtype)     # (d, dv, K); tap K-1 is lag 0
+        x_in = (X * a[..., K - 1]).sum(-1)                                     # (B,T,d)
+        for lag in range(1, min(K, T)):
+            shifted = (X[:, : T - lag] * a[..., K - 1 - lag]).sum(-1)
+            x_in = x_in + F.pad(shifted, (0, 0, lag, 0))                        # causal: starts at t = lag
+        return x_in
 
 
 class ChannelConvCompressor(nn.Module):
-    """conv cc/cc_ec: per-feature causal conv along the d_v axis, then the read vector.
+    """conv cc/cc_ec: per-feature causal conv along the d_v axis, then the read vector w_p.
 
-    With kernel = d_v this is x_in[i] = sum_j a[i, j] X[i, j], a per-feature weighted sum.
+    Both maps are linear along d_v, so together they are one per-feature weighted sum
+    x_in[i] = sum_j a[i, j] X[i, j] with a[i, j] = sum_s c[i, K-1-s] w_p[j + s] (lag s; the last
+    tap is lag 0, as in the causal conv over T): computed from the (d, K) kernel and w_p, never
+    materialising the convolved state.
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         K = cfg.state_kernel
-        self.weight = nn.Parameter(torch.empty(cfg.d_model, K).uniform_(-K ** -0.5, K ** -0.5))
-        self.read = nn.Parameter(torch.full((cfg.dv,), cfg.read_value))
+        self.weight = nn.Parameter(torch.empty(cfg.d_model, K).uniform_(-K ** -0.5, K ** -0.5))   # c
+        self.read = nn.Parameter(torch.full((cfg.dv,), cfg.read_value))                           # w_p
+
+    def mixing(self) -> torch.Tensor:
+        dv = self.read.numel()
+        a = self.weight.new_zeros(self.weight.size(0), dv)
+        K = self.weight.size(1)
+        for s in range(K):                             # lag s: channel j feeds the output at j + s
+            a[:, : dv - s] += self.weight[:, K - 1 - s:K - s] * self.read[s:]
+        return a                                                               # (d, dv)
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
-        K = self.weight.size(-1)
-        windows = F.pad(X, (K - 1, 0)).unfold(-1, K, 1)                        # (B,T,d,dv,K)
-        X_conv = torch.einsum("btdjk,dk->btdj", windows, self.weight.to(X.dtype))
-        return X_conv @ self.read.to(X.dtype)                                   # (B,T,d)
+        return (X * self.mixing().to(X.dtype)).sum(-1)                          # (B,T,d)
 
 
 def make_compressor(cfg: ModelConfig) -> nn.Module:

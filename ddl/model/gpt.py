@@ -179,16 +179,3 @@ class GPT(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())  # the tied embedding is counted once
 
-
-def ddl_extra_params(cfg: ModelConfig) -> int:
-    """Parameters a DDL config adds over the same-size baseline (analytic; tested against GPT)."""
-    if cfg.residual == "baseline":
-        return 0
-    d, dv = cfg.d_model, cfg.dv
-    gate = d + 1 if cfg.beta_estimator == "linear" else d * cfg.beta_hidden + cfg.beta_hidden + 1
-    per_delta = gate + d * dv + dv + (d * d if cfg.mapping == "v" else 0)
-    compressor = 0
-    if cfg.expanded:
-        compressor = (d if cfg.channel_conv else d * dv) * cfg.state_kernel + dv
-    expander = d * dv * cfg.embed_conv_kernel if cfg.expanded and cfg.embed_conv else 0
-    return cfg.n_layer * (2 * per_delta + compressor) + (compressor + expander)
