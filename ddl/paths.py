@@ -44,9 +44,13 @@ def sweeps_dir() -> Path:
     return home() / "sweeps"
 
 
+def project_store_uri() -> str:
+    return f"sqlite:///{home() / 'mlflow.db'}"
+
+
 def tracking_uri() -> str:
     """MLFLOW_TRACKING_URI wins (a team server); else the project's SQLite store."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home() / 'mlflow.db'}"
+    return os.environ.get("MLFLOW_TRACKING_URI") or project_store_uri()
 
 
 def artifacts_dir() -> Path:

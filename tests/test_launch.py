@@ -17,6 +17,8 @@ def test_the_users_sweep_runs_three_distinct_jobs_then_skips_them(ddl_home, tmp_
     assert sorted(r.info.run_name for r in runs) == ["baseline-micro-s0", "ddl_dv1-micro-s0", "ddl_dv4-micro-s0"]
     from ddl.track import store
     c = store.client()
+    artifacts = c.get_experiment_by_name("default").artifact_location
+    assert artifacts == (ddl_home / "mlartifacts" / "default").as_uri() and not (tmp_path / "mlruns").exists()
     for run in runs:
         assert run.info.status == "FINISHED"
         assert run.data.params["model.residual"] in ("ddl", "baseline") and run.data.params["train.steps"] == "20"

@@ -7,7 +7,6 @@ or MLFLOW_TRACKING_URI for a team server. Artifacts go to DDL_HOME/mlartifacts/<
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -37,8 +36,8 @@ def experiment_id(name: str) -> str:
     found = c.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
-    location = None
-    if not os.environ.get("MLFLOW_TRACKING_URI"):
+    location = None  # a team server decides; the project store keeps artifacts beside it in DDL_HOME
+    if paths.tracking_uri() == paths.project_store_uri():  # (mlflow exports MLFLOW_TRACKING_URI itself)
         location = (paths.artifacts_dir() / name).as_uri()
     try:
         return c.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: TRAINING_KIND})
