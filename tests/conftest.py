@@ -26,10 +26,10 @@ def module_ddl_home(tmp_path_factory):
         yield home
 
 
-def run_cli(tool: str, *args: str, cwd=None, timeout=600) -> subprocess.CompletedProcess:
+def run_cli(tool: str, *args: str, cwd=None, timeout=600, env_extra=None) -> subprocess.CompletedProcess:
     """Run an installed console script (ddl-run, ddl-report, ...) the way a user does."""
     return subprocess.run([str(VENV_BIN / tool), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})})
 
 
 def mlflow_runs(experiment: str):

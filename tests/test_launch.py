@@ -55,6 +55,17 @@ def test_a_failing_job_does_not_stop_its_siblings(ddl_home):
     assert failed.data.tags["ddl.error"].startswith("NonFiniteLoss: train loss is nan at step 1")
 
 
+@pytest.mark.slow
+def test_an_unavailable_hub_task_keeps_the_training_results(ddl_home, tmp_path):
+    out = run_cli("ddl-run", *SMOKE, "eval.tasks=[arc_easy]", "eval.shots=[0]", "experiment=hub",
+                  env_extra={"HF_HOME": str(tmp_path / "empty-hf")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "evaluation skipped: eval.tasks='arc_easy'" in out.stdout
+    [run] = mlflow_runs("hub")
+    assert run.info.status == "FINISHED" and "final/val/loss" in run.data.metrics
+    assert run.data.tags["ddl.eval_error"].endswith("ddl-eval " + run.data.tags["ddl.signature"] + " --tasks arc_easy")
+
+
 @pytest.mark.parametrize("override, message", [
     ("model=huge", "model=huge: must be one of medium, micro, small, tiny"),
     ("dv=0", "dv=0: must be an integer >= 1"),

@@ -86,12 +86,20 @@ def run_task(cfg: DictConfig) -> dict:
             final = dict(result.final)
             summary = {f"final/{k}": v for k, v in final.items()}   # the report's numbers
             texts = {"config.yaml": OmegaConf.to_yaml(cfg, resolve=True)}
+            eval_error = None
             if cfg.eval.tasks and is_main:
-                scores, results_json = _evaluate(cfg, result.checkpoint)
-                final.update(scores)
-                summary.update(scores)
-                texts["eval_results.json"] = results_json
+                try:
+                    scores, results_json = _evaluate(cfg, result.checkpoint)
+                except ValueError as err:  # TaskUnavailable: the training results stand; evaluate later
+                    eval_error = f"{err} -- then: ddl-eval {signature} --tasks {' '.join(cfg.eval.tasks)}"
+                    print(f"{job.name} [{signature}]: evaluation skipped: {eval_error}")
+                else:
+                    final.update(scores)
+                    summary.update(scores)
+                    texts["eval_results.json"] = results_json
             if is_main:
+                if eval_error:
+                    store.client().set_tag(run_id, "ddl.eval_error", eval_error[:5000])
                 import json
                 texts["final_metrics.json"] = json.dumps(final, indent=1)
                 store.close_run(run_id, "FINISHED", metrics=summary, texts=texts, files=[log_path])
