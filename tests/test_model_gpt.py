@@ -36,7 +36,7 @@ def test_delta_sublayer_equals_float64_eq_2_4(dv, mapping):
     """Run one DDL sublayer and rebuild Eq. 2.4 from the module's own k, beta, v."""
     model = micro(torch.float64, residual="ddl", dv=dv, mapping=mapping)
     block, delta = model.blocks[0], model.blocks[0].delta_attn
-    X = torch.randn(2, 5, 64, dv, dtype=torch.float64)
+    X = torch.randn(2, 5, dv, 64, dtype=torch.float64)                          # stored (B,T,dv,d)
     cos, sin = model.rope_cos[:5], model.rope_sin[:5]
     x_in = block.read(X)
     c = block.norm_attn(x_in)
@@ -45,8 +45,8 @@ def test_delta_sublayer_equals_float64_eq_2_4(dv, mapping):
     k_hat, beta, v = delta.components(h, x_in, c)
     k = k_hat / 64 ** 0.5
     A = torch.eye(64, dtype=torch.float64) - beta[..., None] * k[..., :, None] * k[..., None, :]
-    expected = A @ X + beta[..., None] * k[..., :, None] * v[..., None, :]       # Eq. 2.4
-    assert torch.allclose(out, expected, atol=1e-10)
+    expected = A @ X.mT + beta[..., None] * k[..., :, None] * v[..., None, :]    # Eq. 2.4, X as d x dv
+    assert torch.allclose(out.mT, expected, atol=1e-10)
     assert torch.allclose(k.norm(dim=-1), torch.ones(2, 5, dtype=torch.float64), atol=1e-6)
 
 
@@ -55,7 +55,7 @@ def test_beta_to_zero_makes_each_sublayer_the_identity(name):
     model = micro(torch.float64, beta_init=0.0, **VARIANTS[name])
     for _, delta in model.delta_residuals():
         torch.nn.init.constant_(delta.beta_gate.bias, -1e4)   # the saturated limit beta -> 0
-    X = torch.randn(2, 6, 64, model.cfg.dv, dtype=torch.float64)
+    X = torch.randn(2, 6, model.cfg.dv, 64, dtype=torch.float64)
     cos, sin = model.rope_cos[:6], model.rope_sin[:6]
     for block in model.blocks:
         assert torch.allclose(block(X, cos, sin), X, atol=1e-8)
@@ -78,19 +78,31 @@ def test_causality(name):
 def test_ec_at_init_repeats_the_embedding():
     cfg = model_config("micro", vocab_size=VOCAB, residual="ddl", dv=4, conv="ec")
     x = torch.randn(2, 7, 64)
-    assert torch.equal(EmbedExpander(cfg)(x), x.unsqueeze(-1).expand(2, 7, 64, 4))
+    assert torch.equal(EmbedExpander(cfg)(x), x.unsqueeze(-2).expand(2, 7, 4, 64))
 
 
 def test_cc_with_kernel_dv_is_a_per_feature_weighted_sum():
     cfg = model_config("micro", vocab_size=VOCAB, residual="ddl", dv=4, conv="cc")
     assert cfg.state_kernel == 4
     compress = ChannelConvCompressor(cfg).double()
-    X = torch.randn(2, 3, 64, 4, dtype=torch.float64)
+    X = torch.randn(2, 3, 4, 64, dtype=torch.float64)
     out = compress(X)
-    # the linear map per feature i: a[i, j] = response to a unit impulse in value channel j
-    a = torch.stack([compress(torch.eye(4, dtype=torch.float64)[j].expand(1, 1, 64, 4))[0, 0]
-                     for j in range(4)], dim=-1)                                   # (d, dv)
-    assert torch.allclose(out, (X * a).sum(-1), atol=1e-12)
+    # the linear map per feature i: a[j, i] = response to a unit impulse in value channel j
+    a = torch.stack([compress(torch.eye(4, dtype=torch.float64)[j, :, None].expand(1, 1, 4, 64))[0, 0]
+                     for j in range(4)])                                           # (dv, d)
+    assert torch.allclose(out, (X * a).sum(-2), atol=1e-12)
+
+
+def assert_same_map_and_gradients(fused, eager, X, module):
+    """The compressor (FusedStateRead) against its plain-PyTorch definition, values and gradients."""
+    X = X.requires_grad_()
+    out, expected = fused(X), eager(X)
+    assert torch.allclose(out, expected, atol=1e-12)
+    G = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(4))
+    grads = torch.autograd.grad(out, [X, *module.parameters()], G)
+    expected_grads = torch.autograd.grad(expected, [X, *module.parameters()], G)
+    for a, b in zip(grads, expected_grads):
+        assert torch.allclose(a, b, atol=1e-10)
 
 
 @pytest.mark.parametrize("kernel", [1, 2, 4])
@@ -99,22 +111,30 @@ def test_cc_mixing_equals_conv_along_dv_then_read(kernel):
     cfg = model_config("micro", vocab_size=VOCAB, residual="ddl", dv=4, conv="cc", state_conv_kernel=kernel)
     compress = ChannelConvCompressor(cfg).double()
     torch.nn.init.normal_(compress.read)
-    X = torch.randn(2, 3, 64, 4, dtype=torch.float64)
-    windows = F.pad(X, (kernel - 1, 0)).unfold(-1, kernel, 1)                     # causal conv along d_v
-    direct = torch.einsum("btdjk,dk->btdj", windows, compress.weight) @ compress.read
-    assert torch.allclose(compress(X), direct, atol=1e-12)
+
+    def conv_along_dv_then_read(X):                                           # X: the paper's d x dv
+        windows = F.pad(X, (kernel - 1, 0)).unfold(-1, kernel, 1)
+        return torch.einsum("btdjk,dk->btdj", windows, compress.weight) @ compress.read
+
+    X = torch.randn(2, 3, 4, 64, dtype=torch.float64)                            # stored (B,T,dv,d)
+    assert_same_map_and_gradients(compress, lambda X: conv_along_dv_then_read(X.mT), X, compress)
 
 
-def test_time_conv_compressor_equals_depthwise_conv_then_read():
+@pytest.mark.parametrize("T", [9, 2])
+def test_time_conv_compressor_equals_depthwise_conv_then_read(T):
     import torch.nn.functional as F
     from ddl.model.delta import TimeConvCompressor
     cfg = model_config("micro", vocab_size=VOCAB, residual="ddl", dv=4)
     compress = TimeConvCompressor(cfg).double()
     torch.nn.init.normal_(compress.read)
-    X = torch.randn(2, 9, 64, 4, dtype=torch.float64)
-    flat = F.pad(X.reshape(2, 9, 256).transpose(1, 2), (3, 0))                   # (B, d*dv, T+K-1)
-    conv = F.conv1d(flat, compress.weight, groups=256).transpose(1, 2).reshape(2, 9, 64, 4)
-    assert torch.allclose(compress(X), conv @ compress.read, atol=1e-12)
+
+    def conv_then_read(X):                                                    # X: the paper's d x dv
+        flat = F.pad(X.reshape(2, T, 256).transpose(1, 2), (3, 0))             # (B, d*dv, T+K-1)
+        conv = F.conv1d(flat, compress.weight, groups=256).transpose(1, 2).reshape(2, T, 64, 4)
+        return conv @ compress.read
+
+    X = torch.randn(2, T, 4, 64, dtype=torch.float64)                            # stored (B,T,dv,d)
+    assert_same_map_and_gradients(compress, lambda X: conv_then_read(X.mT), X, compress)
 
 
 def test_parameter_counts_match_the_paper():

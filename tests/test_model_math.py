@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from ddl.model import delta_update
+from ddl.model.delta import FusedDeltaUpdate
 
 D, DV = 16, 4
 
@@ -68,8 +69,8 @@ def test_operator_form_equals_delta_form_and_projection(beta):
     assert torch.allclose(k @ eq_2_5, (1 - beta) * (k @ X) + beta * v, atol=1e-12)
     # the implemented update (batched, with k = k_hat / sqrt(d)) is the same map
     k_hat = k * math.sqrt(D)
-    out = delta_update(X[None, None], k_hat[None, None], torch.tensor([[[beta]]]), v[None, None], 1 / math.sqrt(D))
-    assert torch.allclose(out[0, 0], eq_2_5, atol=1e-12)
+    out = delta_update(X.T[None, None], k_hat[None, None], torch.tensor([[[beta]]]), v[None, None], 1 / math.sqrt(D))
+    assert torch.allclose(out[0, 0].T, eq_2_5, atol=1e-12)                # the state is stored as dv x d
 
 
 def test_beta_one_overwrites_the_k_component_and_keeps_the_rest():
@@ -79,3 +80,34 @@ def test_beta_one_overwrites_the_k_component_and_keeps_the_rest():
     assert torch.allclose(k @ out, v, atol=1e-12)
     orth = torch.eye(D) - torch.outer(k, k)
     assert torch.allclose(orth @ out, orth @ X, atol=1e-12)
+
+
+def update_inputs(dv, seed=2, B=2, T=3):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(B, T, dv, D, generator=g)
+    k_hat = torch.randn(B, T, D, generator=g)
+    k_hat = k_hat / k_hat.pow(2).mean(-1, keepdim=True).sqrt()                # RMS-normalised
+    beta = 2 * torch.rand(B, T, 1, generator=g)
+    v = torch.rand(B, T, dv, generator=g)
+    return [t.requires_grad_() for t in (X, k_hat, beta, v)]
+
+
+@pytest.mark.parametrize("dv", [1, DV])
+def test_fused_update_matches_the_eager_one_in_value_and_gradient(dv):
+    eager_in, fused_in = update_inputs(dv), update_inputs(dv)
+    eager = delta_update(*eager_in, 1 / math.sqrt(D))
+    fused = FusedDeltaUpdate.apply(*fused_in, 1 / math.sqrt(D))
+    assert torch.allclose(fused, eager, atol=1e-12)
+    G = torch.randn(eager.shape, generator=torch.Generator().manual_seed(3))
+    eager.backward(G), fused.backward(G)
+    for name, a, b in zip(("X", "k_hat", "beta", "v"), eager_in, fused_in):
+        assert torch.allclose(a.grad, b.grad, atol=1e-12), name
+    assert torch.autograd.gradcheck(lambda *t: FusedDeltaUpdate.apply(*t, 1 / math.sqrt(D)), update_inputs(dv))
+
+
+def test_fused_update_keeps_the_state_in_fp32_under_bf16_autocast():
+    inputs = [t.detach().float() for t in update_inputs(DV)]
+    plain = FusedDeltaUpdate.apply(*inputs, 1 / math.sqrt(D))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = FusedDeltaUpdate.apply(*inputs, 1 / math.sqrt(D))
+    assert autocast.dtype == torch.float32 and torch.equal(autocast, plain)

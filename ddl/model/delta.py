@@ -1,6 +1,8 @@
 """The Deep Delta residual (paper sections 2-4, appendix B).
 
-State X is (B, T, d, d_v); d_v = 1 is the vector case of Eq. 3.1 with a trailing axis of 1.
+The paper's state X is a d x d_v matrix per token; it is stored transposed, as (B, T, d_v, d), so
+that the d features are contiguous and every read and write of the state is a batched mat-vec or
+a contiguous multiply-add. d_v = 1 is the vector case of Eq. 3.1 (an axis of 1).
 One Delta sublayer, given the sublayer output h = F(RMSNorm(x_in)):
 
     k    = k~ / ||k~||          k-Map: k~ = h            v-Map: k~ = phi_k(.)
@@ -24,14 +26,57 @@ def delta_update(X: torch.Tensor, k_hat: torch.Tensor, beta: torch.Tensor, v: to
                  k_scale: float) -> torch.Tensor:
     """Eq. 2.5, X + beta k (v^T - k^T X), with the unit direction k = k_hat * k_scale.
 
-    k_hat is RMS-normalised (entries O(1)) and k_scale = 1/sqrt(d) is applied outside the dot
-    products, which keeps bf16 precision (paper 4.1, "precision-friendly normalization").
-    X (B,T,d,dv), k_hat (B,T,d), beta (B,T,1) fp32, v (B,T,dv).
+    The plain PyTorch form: the reference that FusedDeltaUpdate (what the model runs) is tested
+    against. k_hat is RMS-normalised (entries O(1)) and k_scale = 1/sqrt(d) is applied outside
+    the dot products, which keeps bf16 precision (paper 4.1, "precision-friendly normalization").
+    X (B,T,dv,d), k_hat (B,T,d), beta (B,T,1) fp32, v (B,T,dv).
     """
     acc = _at_least_fp32(X.dtype)
-    proj = (k_hat.unsqueeze(-1) * X).sum(-2, dtype=acc) * k_scale          # k^T X: (B,T,dv)
+    proj = (X * k_hat.unsqueeze(-2)).sum(-1, dtype=acc) * k_scale          # k^T X: (B,T,dv)
     delta = (beta * (v.to(acc) - proj) * k_scale).to(X.dtype)              # (B,T,dv)
-    return X + k_hat.unsqueeze(-1) * delta.unsqueeze(-2)                   # rank-1 write
+    return X + delta.unsqueeze(-1) * k_hat.unsqueeze(-2)                   # rank-1 write
+
+
+class FusedDeltaUpdate(torch.autograd.Function):
+    """delta_update with a hand-written backward, in at least fp32 whatever autocast says.
+
+    Forward: one fused dot product per value channel (k^T X) and one multiply-add (the rank-1
+    write). Backward: two more dot products and one multiply-add on the incoming gradient G; it
+    keeps only X, k_hat, beta and r = v - k^T X, with no state-sized temporaries. With
+    delta = beta r / sqrt(d) and k = k_hat / sqrt(d):
+        dL/d delta = G k_hat        dL/dv = beta/sqrt(d) dL/d delta        dL/dX = G - (dL/dv) k^T
+        dL/dbeta = r . dL/d delta / sqrt(d)     dL/dk_hat = G^T delta - X^T dL/dv / sqrt(d)
+    """
+
+    @staticmethod
+    def forward(ctx, X, k_hat, beta, v, k_scale: float):
+        with torch.autocast(X.device.type, enabled=False):
+            acc = _at_least_fp32(X.dtype)
+            Xa, k = X.to(acc), k_hat.to(acc).unsqueeze(-2)                      # k: (B,T,1,d)
+            r = v.to(acc) - torch.linalg.vecdot(Xa, k) * k_scale                 # v - k^T X: (B,T,dv)
+            delta = beta.to(acc) * r * k_scale
+            ctx.save_for_backward(X, k_hat, beta, r)
+            ctx.k_scale, ctx.v_dtype = k_scale, v.dtype
+            return torch.addcmul(Xa, delta.unsqueeze(-1), k).to(X.dtype)
+
+    @staticmethod
+    def backward(ctx, G):
+        X, k_hat, beta, r = ctx.saved_tensors
+        s = ctx.k_scale
+        with torch.autocast(G.device.type, enabled=False):
+            acc = _at_least_fp32(X.dtype)
+            Xa, k, b, G = X.to(acc), k_hat.to(acc).unsqueeze(-2), beta.to(acc), G.to(acc)
+            g_delta = torch.linalg.vecdot(G, k)                                   # (B,T,dv)
+            g_v = g_delta * b * s
+            g_beta = (g_delta * r).sum(-1, keepdim=True) * s
+            g_X = torch.addcmul(G, g_v.unsqueeze(-1), k, value=-s)
+            g_k = _sum_over_values(b * r * s, G) - s * _sum_over_values(g_v, Xa)
+        return g_X.to(X.dtype), g_k.to(k_hat.dtype), g_beta.to(beta.dtype), g_v.to(ctx.v_dtype), None
+
+
+def _sum_over_values(w: torch.Tensor, M: torch.Tensor) -> torch.Tensor:
+    """sum_j w[..., j] M[..., j, :]: (B,T,dv) and (B,T,dv,d) -> (B,T,d)."""
+    return w * M.squeeze(-2) if M.size(-2) == 1 else (w.unsqueeze(-2) @ M).squeeze(-2)
 
 
 def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
@@ -79,7 +124,7 @@ class DeltaResidual(nn.Module):
     def forward(self, X: torch.Tensor, h: torch.Tensor, x_in: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         k_hat, beta, v = self.components(h, x_in, c)
         self.last_beta = beta.detach()
-        return delta_update(X, k_hat, beta, v, self.k_scale)
+        return FusedDeltaUpdate.apply(X, k_hat, beta, v, self.k_scale)
 
 
 def _causal_time_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -89,11 +134,46 @@ def _causal_time_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return y.transpose(1, 2)                                                # (B,T,C_out)
 
 
+class FusedStateRead(torch.autograd.Function):
+    """x_in[t] = sum over lag, j of A[j, :, L-1-lag] * X[t-lag, j, :]; X (B,T,dv,d), A (dv,d,L).
+
+    Both compressors are this map: a causal depthwise conv over T folded with the read vector
+    (L = K taps), or the per-feature mixing of the channel conv (L = 1). The forward accumulates
+    into x_in with no state-sized temporary; the backward shifts the (B,T,d) gradient instead of
+    slicing the state, so every pass over the state is contiguous, and reuses one buffer for dL/dA.
+    """
+
+    @staticmethod
+    def forward(ctx, X, A):
+        T, dv, L = X.size(1), X.size(2), A.size(-1)
+        x_in = torch.mul(X[:, :, 0], A[0, :, L - 1])
+        for lag in range(min(L, T)):
+            for j in range(dv):
+                if lag or j:
+                    x_in[:, lag:].addcmul_(X[:, : T - lag, j], A[j, :, L - 1 - lag])
+        ctx.save_for_backward(X, A)
+        return x_in
+
+    @staticmethod
+    def backward(ctx, g):
+        X, A = ctx.saved_tensors
+        B, T, dv, d = X.shape
+        L = A.size(-1)
+        g_ahead = [F.pad(g[:, lag:], (0, 0, 0, lag)).unsqueeze(2) for lag in range(min(L, T))]  # g[t + lag]
+        g_X = g_ahead[0] * A[..., L - 1]
+        for lag in range(1, len(g_ahead)):
+            g_X.addcmul_(g_ahead[lag], A[..., L - 1 - lag])
+        g_A, product = torch.zeros_like(A), torch.empty_like(g_X)
+        for lag, g_lag in enumerate(g_ahead):
+            g_A[..., L - 1 - lag] = torch.mul(X, g_lag, out=product).view(B * T, dv, d).sum(0)
+        return g_X, g_A
+
+
 class TimeConvCompressor(nn.Module):
     """conv none/ec: x_in = sum_j w_p[j] * ShortConv_T(X)[..., j] (appendix B.3).
 
-    The depthwise causal conv over T and the read vector are folded into one (d, d_v, K) kernel,
-    applied as K shifted multiply-and-sums: the convolved state is never materialised.
+    The depthwise causal conv over T and the read vector are folded into one (d_v, d, K) kernel
+    applied by FusedStateRead: the convolved state is never materialised.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -104,14 +184,9 @@ class TimeConvCompressor(nn.Module):
         self.read = nn.Parameter(torch.full((cfg.dv,), cfg.read_value))   # w_p
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
-        B, T, d, dv = X.shape
-        K = self.weight.size(-1)
-        a = (self.weight.view(d, dv, K) * self.read[:, None]).to(X.dtype)     # (d, dv, K); tap K-1 is lag 0
-        x_in = (X * a[..., K - 1]).sum(-1)                                     # (B,T,d)
-        for lag in range(1, min(K, T)):
-            shifted = (X[:, : T - lag] * a[..., K - 1 - lag]).sum(-1)
-            x_in = x_in + F.pad(shifted, (0, 0, lag, 0))                        # causal: starts at t = lag
-        return x_in
+        d, dv, K = X.size(-1), self.dv, self.weight.size(-1)
+        A = (self.weight.view(d, dv, K) * self.read[:, None]).transpose(0, 1)   # (dv, d, K); tap K-1 is lag 0
+        return FusedStateRead.apply(X, A.to(X.dtype))                            # (B,T,d)
 
 
 class ChannelConvCompressor(nn.Module):
@@ -138,7 +213,7 @@ class ChannelConvCompressor(nn.Module):
         return a                                                               # (d, dv)
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
-        return (X * self.mixing().to(X.dtype)).sum(-1)                          # (B,T,d)
+        return FusedStateRead.apply(X, self.mixing().T.unsqueeze(-1).to(X.dtype))  # one tap: (dv, d, 1)
 
 
 def make_compressor(cfg: ModelConfig) -> nn.Module:
@@ -146,15 +221,16 @@ def make_compressor(cfg: ModelConfig) -> nn.Module:
 
 
 class EmbedExpander(nn.Module):
-    """conv ec/cc_ec: causal depthwise conv over T mapping (B,T,d) -> (B,T,d,dv), identity at init."""
+    """conv ec/cc_ec: causal depthwise conv over T mapping (B,T,d) -> (B,T,dv,d), identity at init."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.dv, K = cfg.dv, cfg.embed_conv_kernel
         weight = torch.zeros(cfg.d_model * cfg.dv, 1, K)
-        weight[:, 0, -1] = 1.0  # the current token's tap: X0[:, t, i, j] = x_emb[:, t, i]
+        weight[:, 0, -1] = 1.0  # the current token's tap: X0[:, t, j, i] = x_emb[:, t, i]
         self.weight = nn.Parameter(weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, d = x.shape
-        return _causal_time_conv(x, self.weight.to(x.dtype)).view(B, T, d, self.dv)
+        X = _causal_time_conv(x, self.weight.to(x.dtype)).view(B, T, d, self.dv)  # channel i*dv + j
+        return X.transpose(-1, -2).contiguous()

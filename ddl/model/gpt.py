@@ -74,7 +74,7 @@ class AdditiveBlock(nn.Module):
 
 
 class DeltaBlock(nn.Module):
-    """DDL: per sublayer compress -> process -> expand (section 4.2). The state X is (B,T,d,dv).
+    """DDL: per sublayer compress -> process -> expand (section 4.2). The state X is (B,T,dv,d).
 
     For d_v = 1 the compressor is the identity (x_in = x, Eq. 3.1); for d_v > 1 one
     compressor per block serves both sublayers, as in the reference implementation.
@@ -88,7 +88,7 @@ class DeltaBlock(nn.Module):
         self.delta_attn, self.delta_mlp = DeltaResidual(cfg), DeltaResidual(cfg)
 
     def read(self, X: torch.Tensor) -> torch.Tensor:
-        return X.squeeze(-1) if self.compress is None else self.compress(X)   # x_in: (B,T,d)
+        return X.squeeze(-2) if self.compress is None else self.compress(X)   # x_in: (B,T,d)
 
     def forward(self, X: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x_in = self.read(X)
@@ -137,12 +137,12 @@ class GPT(nn.Module):
         x = self.wte(idx)                                                      # (B,T,d)
         if self.cfg.residual == "ddl":
             if self.expand is not None:
-                X = self.expand(x)                                             # (B,T,d,dv), EC
+                X = self.expand(x)                                             # (B,T,dv,d), EC
             else:
-                X = x.unsqueeze(-1).expand(B, T, self.cfg.d_model, self.cfg.dv)  # X0 = x_emb 1^T
+                X = x.unsqueeze(-2).expand(B, T, self.cfg.dv, self.cfg.d_model)  # X0 = x_emb 1^T
             for block in self.blocks:
                 X = block(X, cos, sin)
-            x = X.squeeze(-1) if self.readout is None else self.readout(X)    # (B,T,d)
+            x = X.squeeze(-2) if self.readout is None else self.readout(X)    # (B,T,d)
         else:
             for block in self.blocks:
                 x = block(x, cos, sin)
