@@ -165,6 +165,20 @@ def test_gradients_reach_every_parameter_and_bf16_is_finite(name):
     assert torch.isfinite(logits).all() and torch.isfinite(loss)
 
 
+def test_compiled_kernels_give_the_fused_numbers():
+    """kernels=compiled (torch.compile of the plain forms) against the hand-fused default."""
+    fused, compiled = micro(**VARIANTS["ddl_dv4_cc_ec"]), micro(kernels="compiled", **VARIANTS["ddl_dv4_cc_ec"])
+    compiled.load_state_dict(fused.state_dict())
+    losses = []
+    for model in (fused, compiled):
+        _, loss = model(tokens(), tokens(seed=1))
+        loss.backward()
+        losses.append(loss)
+    assert torch.allclose(losses[0], losses[1], atol=1e-6)
+    for (name, a), b in zip(fused.named_parameters(), compiled.parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-4), name
+
+
 def test_beta_stats_follow_beta_init():
     model = micro(residual="ddl", dv=4, beta_init=0.5)
     model(tokens())
@@ -183,6 +197,7 @@ def test_effective_config_drops_knobs_that_cannot_change_the_numbers():
     assert dv4.effective() == model_config("micro", residual="ddl", dv=4, state_conv_kernel=4,
                                            read_init=0.25, embed_conv_kernel=3).effective()
     assert model_config("micro", residual="ddl", dv=4, conv="cc").effective() != dv4.effective()
+    assert model_config("micro", residual="ddl", dv=4, kernels="compiled").effective() == dv4.effective()
 
 
 @pytest.mark.parametrize("overrides, key", [
@@ -198,6 +213,7 @@ def test_effective_config_drops_knobs_that_cannot_change_the_numbers():
     (dict(residual="ddl", dv=1, conv="ec"), "conv"),
     (dict(residual="ddl", dv=4, conv="cc", state_conv_kernel=5), "state_conv_kernel"),
     (dict(k_eps=-1.0), "k_eps"),
+    (dict(kernels="triton"), "kernels"),
     (dict(n_layer=0), "n_layer"),
 ])
 def test_invalid_configs_raise_one_clear_line(overrides, key):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ddl.model import delta_update
-from ddl.model.delta import FusedDeltaUpdate
+from ddl.model.delta import FusedDeltaUpdate, FusedStateRead, state_read
 
 D, DV = 16, 4
 
@@ -111,3 +111,17 @@ def test_fused_update_keeps_the_state_in_fp32_under_bf16_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         autocast = FusedDeltaUpdate.apply(*inputs, 1 / math.sqrt(D))
     assert autocast.dtype == torch.float32 and torch.equal(autocast, plain)
+
+
+@pytest.mark.parametrize("taps, T", [(4, 6), (4, 2), (1, 5)])
+def test_fused_state_read_matches_the_eager_one_in_value_and_gradient(taps, T):
+    g = torch.Generator().manual_seed(5)
+    X, A = torch.randn(2, T, DV, D, generator=g), torch.randn(DV, D, taps, generator=g)
+    eager_in, fused_in = [X.clone().requires_grad_(), A.clone().requires_grad_()], [X.requires_grad_(), A.requires_grad_()]
+    eager, fused = state_read(*eager_in), FusedStateRead.apply(*fused_in)
+    assert torch.allclose(fused, eager, atol=1e-12)
+    G = torch.randn(eager.shape, generator=g)
+    eager.backward(G), fused.backward(G)
+    for a, b in zip(eager_in, fused_in):
+        assert torch.allclose(a.grad, b.grad, atol=1e-12)
+    assert torch.autograd.gradcheck(FusedStateRead.apply, (X.detach().requires_grad_(), A.detach().requires_grad_()))

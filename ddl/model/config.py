@@ -11,6 +11,10 @@ Knob semantics (paper sections 3-4, appendix B; the reference implementation whe
 - state_conv_kernel: the compressor's kernel. Over T for none/ec (default 4); along d_v for
   cc/cc_ec (default d_v, the paper's setting; larger than d_v is an error).
 - beta_init: the gate's value at init, in [0, 2]; the gate bias is logit(beta_init / 2).
+- kernels: how the Delta residual's own ops run; the same numbers up to float rounding.
+    fused     hand-written autograd kernels in eager PyTorch (no compile step)
+    compiled  the plain PyTorch forms through torch.compile: one generated kernel per op
+              (C++ on CPU, Triton on CUDA), compiled on first use
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ RESIDUALS = ("baseline", "ddl")
 CONVS = ("none", "ec", "cc", "cc_ec")
 MAPPINGS = ("k", "v")
 BETA_ESTIMATORS = ("linear", "mlp")
+KERNELS = ("fused", "compiled")
 DEFAULT_TIME_KERNEL = 4
 
 
@@ -58,6 +63,7 @@ class ModelConfig:
     state_conv_kernel: int | None = None
     embed_conv_kernel: int = DEFAULT_TIME_KERNEL
     read_init: float | None = None
+    kernels: str = "fused"
     rope_base: float = 10000.0
     init_std: float = 0.02
 
@@ -69,6 +75,7 @@ class ModelConfig:
         _need_choice("conv", self.conv, CONVS)
         _need_choice("mapping", self.mapping, MAPPINGS)
         _need_choice("beta_estimator", self.beta_estimator, BETA_ESTIMATORS)
+        _need_choice("kernels", self.kernels, KERNELS)
         if self.d_model % self.n_head:
             _fail("d_model", self.d_model, f"must be divisible by n_head={self.n_head}")
         if (self.d_model // self.n_head) % 2:
@@ -122,6 +129,7 @@ class ModelConfig:
         launcher's run signature (a hash of this) dedups e.g. baseline dv=1 and baseline dv=4.
         """
         defaults = ModelConfig()
+        self = dataclasses.replace(self, kernels=defaults.kernels)
         ddl_knobs = ("dv", "conv", "mapping", "beta_init", "beta_estimator", "beta_hidden", "k_eps",
                      "v_sigmoid_scale", "state_conv_kernel", "embed_conv_kernel", "read_init")
         if self.residual == "baseline":

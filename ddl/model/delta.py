@@ -13,6 +13,7 @@ One Delta sublayer, given the sublayer output h = F(RMSNorm(x_in)):
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -106,6 +107,7 @@ class DeltaResidual(nn.Module):
         self.W_v = nn.Linear(d, cfg.dv, bias=True)
         self.phi_k = nn.Linear(d, d, bias=False) if cfg.mapping == "v" else None
         self.beta_bias_init = _logit(cfg.beta_init / 2.0)
+        self.update = delta_kernels(cfg.kernels)[0]
         self.last_beta: torch.Tensor | None = None  # (B,T,1), detached, for beta_stats()
 
     def components(self, h: torch.Tensor, x_in: torch.Tensor, c: torch.Tensor):
@@ -124,7 +126,7 @@ class DeltaResidual(nn.Module):
     def forward(self, X: torch.Tensor, h: torch.Tensor, x_in: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         k_hat, beta, v = self.components(h, x_in, c)
         self.last_beta = beta.detach()
-        return FusedDeltaUpdate.apply(X, k_hat, beta, v, self.k_scale)
+        return self.update(X, k_hat, beta, v, self.k_scale)
 
 
 def _causal_time_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -134,13 +136,25 @@ def _causal_time_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return y.transpose(1, 2)                                                # (B,T,C_out)
 
 
-class FusedStateRead(torch.autograd.Function):
+def state_read(X: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
     """x_in[t] = sum over lag, j of A[j, :, L-1-lag] * X[t-lag, j, :]; X (B,T,dv,d), A (dv,d,L).
 
     Both compressors are this map: a causal depthwise conv over T folded with the read vector
-    (L = K taps), or the per-feature mixing of the channel conv (L = 1). The forward accumulates
-    into x_in with no state-sized temporary; the backward shifts the (B,T,d) gradient instead of
-    slicing the state, so every pass over the state is contiguous, and reuses one buffer for dL/dA.
+    (L = K taps), or the per-feature mixing of the channel conv (L = 1). The plain PyTorch form:
+    the reference FusedStateRead is tested against.
+    """
+    T, L = X.size(1), A.size(-1)
+    x_in = (X * A[..., L - 1]).sum(-2)                                          # (B,T,d)
+    for lag in range(1, min(L, T)):
+        x_in = x_in + F.pad((X[:, : T - lag] * A[..., L - 1 - lag]).sum(-2), (0, 0, lag, 0))  # starts at t = lag
+    return x_in
+
+
+class FusedStateRead(torch.autograd.Function):
+    """state_read with no state-sized temporary in forward (it accumulates into x_in).
+
+    The backward shifts the (B,T,d) gradient instead of slicing the state, so every pass over
+    the state is contiguous, and reuses one buffer for dL/dA.
     """
 
     @staticmethod
@@ -169,6 +183,14 @@ class FusedStateRead(torch.autograd.Function):
         return g_X, g_A
 
 
+@functools.cache
+def delta_kernels(kind: str) -> tuple:
+    """(update, read) for ModelConfig.kernels: the hand-fused autograd kernels, or the plain forms compiled."""
+    if kind == "compiled":
+        return torch.compile(delta_update), torch.compile(state_read)
+    return FusedDeltaUpdate.apply, FusedStateRead.apply
+
+
 class TimeConvCompressor(nn.Module):
     """conv none/ec: x_in = sum_j w_p[j] * ShortConv_T(X)[..., j] (appendix B.3).
 
@@ -182,11 +204,12 @@ class TimeConvCompressor(nn.Module):
         self.dv = cfg.dv
         self.weight = nn.Parameter(torch.empty(channels, 1, K).uniform_(-K ** -0.5, K ** -0.5))  # channel i*dv + j
         self.read = nn.Parameter(torch.full((cfg.dv,), cfg.read_value))   # w_p
+        self.apply_read = delta_kernels(cfg.kernels)[1]
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
         d, dv, K = X.size(-1), self.dv, self.weight.size(-1)
         A = (self.weight.view(d, dv, K) * self.read[:, None]).transpose(0, 1)   # (dv, d, K); tap K-1 is lag 0
-        return FusedStateRead.apply(X, A.to(X.dtype))                            # (B,T,d)
+        return self.apply_read(X, A.to(X.dtype))                                 # (B,T,d)
 
 
 class ChannelConvCompressor(nn.Module):
@@ -203,6 +226,7 @@ class ChannelConvCompressor(nn.Module):
         K = cfg.state_kernel
         self.weight = nn.Parameter(torch.empty(cfg.d_model, K).uniform_(-K ** -0.5, K ** -0.5))   # c
         self.read = nn.Parameter(torch.full((cfg.dv,), cfg.read_value))                           # w_p
+        self.apply_read = delta_kernels(cfg.kernels)[1]
 
     def mixing(self) -> torch.Tensor:
         dv = self.read.numel()
@@ -213,7 +237,7 @@ class ChannelConvCompressor(nn.Module):
         return a                                                               # (d, dv)
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
-        return FusedStateRead.apply(X, self.mixing().T.unsqueeze(-1).to(X.dtype))  # one tap: (dv, d, 1)
+        return self.apply_read(X, self.mixing().T.unsqueeze(-1).to(X.dtype))  # one tap: (dv, d, 1)
 
 
 def make_compressor(cfg: ModelConfig) -> nn.Module:
