@@ -11,7 +11,8 @@ Knob semantics (paper sections 3-4, appendix B; the reference implementation whe
 - state_conv_kernel: the compressor's kernel. Over T for none/ec (default 4); along d_v for
   cc/cc_ec (default d_v, the paper's setting; larger than d_v is an error).
 - beta_init: the gate's value at init, in [0, 2]; the gate bias is logit(beta_init / 2).
-- kernels: how the Delta residual's own ops run; the same numbers up to float rounding.
+- kernels: how the Delta residual's own ops run; the same numbers up to float rounding (a
+  separate run, like train.compile).
     fused     hand-written autograd kernels in eager PyTorch (no compile step)
     compiled  the plain PyTorch forms through torch.compile: one generated kernel per op
               (C++ on CPU, Triton on CUDA), compiled on first use
@@ -129,8 +130,7 @@ class ModelConfig:
         launcher's run signature (a hash of this) dedups e.g. baseline dv=1 and baseline dv=4.
         """
         defaults = ModelConfig()
-        self = dataclasses.replace(self, kernels=defaults.kernels)
-        ddl_knobs = ("dv", "conv", "mapping", "beta_init", "beta_estimator", "beta_hidden", "k_eps",
+        ddl_knobs = ("dv", "conv", "mapping", "beta_init", "beta_estimator", "beta_hidden", "k_eps", "kernels",
                      "v_sigmoid_scale", "state_conv_kernel", "embed_conv_kernel", "read_init")
         if self.residual == "baseline":
             return dataclasses.replace(self, **{k: getattr(defaults, k) for k in ddl_knobs})
