@@ -41,13 +41,28 @@ def test_delta_sublayer_equals_float64_eq_2_4(dv, mapping):
     x_in = block.read(X)
     c = block.norm_attn(x_in)
     h = block.attn(c, cos, sin)
-    out = delta(X, h, x_in, c)
+    out, written, k_written = delta(X, h, x_in, c)
     k_hat, beta, v = delta.components(h, x_in, c)
+    assert torch.equal(k_written, k_hat)
+    assert torch.allclose(out, X + written.unsqueeze(-1) * k_hat.unsqueeze(-2), atol=1e-12)   # the rank-1 write
     k = k_hat / 64 ** 0.5
     A = torch.eye(64, dtype=torch.float64) - beta[..., None] * k[..., :, None] * k[..., None, :]
     expected = A @ X.mT + beta[..., None] * k[..., :, None] * v[..., None, :]    # Eq. 2.4, X as d x dv
     assert torch.allclose(out.mT, expected, atol=1e-10)
     assert torch.allclose(k.norm(dim=-1), torch.ones(2, 5, dtype=torch.float64), atol=1e-6)
+
+
+@pytest.mark.parametrize("T", [7, 2])
+@pytest.mark.parametrize("name", ["ddl_dv4", "ddl_dv4_cc"])
+def test_reading_a_rank_one_write_equals_reading_the_new_state(name, T):
+    """What lets a block read its updated state without another pass over it."""
+    compress = micro(torch.float64, **VARIANTS[name]).blocks[0].compress
+    torch.nn.init.normal_(compress.read)
+    g = torch.Generator().manual_seed(6)
+    X = torch.randn(2, T, 4, 64, dtype=torch.float64, generator=g)
+    delta, k_hat = torch.randn(2, T, 4, dtype=torch.float64, generator=g), torch.randn(2, T, 64, dtype=torch.float64, generator=g)
+    new = X + delta.unsqueeze(-1) * k_hat.unsqueeze(-2)
+    assert torch.allclose(compress(new), compress(X) + compress.read_write(delta, k_hat), atol=1e-12)
 
 
 @pytest.mark.parametrize("name", ["ddl_dv1_k", "ddl_dv4", "ddl_dv4_cc_ec"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ddl.model import delta_update
-from ddl.model.delta import FusedDeltaUpdate, FusedStateRead, state_read
+from ddl.model.delta import FusedDeltaUpdate, FusedRankOneRead, FusedStateRead, rank_one_read, state_read
 
 D, DV = 16, 4
 
@@ -69,7 +69,7 @@ def test_operator_form_equals_delta_form_and_projection(beta):
     assert torch.allclose(k @ eq_2_5, (1 - beta) * (k @ X) + beta * v, atol=1e-12)
     # the implemented update (batched, with k = k_hat / sqrt(d)) is the same map
     k_hat = k * math.sqrt(D)
-    out = delta_update(X.T[None, None], k_hat[None, None], torch.tensor([[[beta]]]), v[None, None], 1 / math.sqrt(D))
+    out, _ = delta_update(X.T[None, None], k_hat[None, None], torch.tensor([[[beta]]]), v[None, None], 1 / math.sqrt(D))
     assert torch.allclose(out[0, 0].T, eq_2_5, atol=1e-12)                # the state is stored as dv x d
 
 
@@ -95,11 +95,14 @@ def update_inputs(dv, seed=2, B=2, T=3):
 @pytest.mark.parametrize("dv", [1, DV])
 def test_fused_update_matches_the_eager_one_in_value_and_gradient(dv):
     eager_in, fused_in = update_inputs(dv), update_inputs(dv)
-    eager = delta_update(*eager_in, 1 / math.sqrt(D))
+    eager = delta_update(*eager_in, 1 / math.sqrt(D))                       # (new state, delta)
     fused = FusedDeltaUpdate.apply(*fused_in, 1 / math.sqrt(D))
-    assert torch.allclose(fused, eager, atol=1e-12)
-    G = torch.randn(eager.shape, generator=torch.Generator().manual_seed(3))
-    eager.backward(G), fused.backward(G)
+    g = torch.Generator().manual_seed(3)
+    weights = [torch.randn(out.shape, generator=g) for out in eager]          # a loss on both outputs
+    for outputs in (eager, fused):
+        sum((out * w).sum() for out, w in zip(outputs, weights)).backward()
+    for a, b in zip(eager, fused):
+        assert torch.allclose(a, b, atol=1e-12)
     for name, a, b in zip(("X", "k_hat", "beta", "v"), eager_in, fused_in):
         assert torch.allclose(a.grad, b.grad, atol=1e-12), name
     assert torch.autograd.gradcheck(lambda *t: FusedDeltaUpdate.apply(*t, 1 / math.sqrt(D)), update_inputs(dv))
@@ -107,9 +110,9 @@ def test_fused_update_matches_the_eager_one_in_value_and_gradient(dv):
 
 def test_fused_update_keeps_the_state_in_fp32_under_bf16_autocast():
     inputs = [t.detach().float() for t in update_inputs(DV)]
-    plain = FusedDeltaUpdate.apply(*inputs, 1 / math.sqrt(D))
+    plain, _ = FusedDeltaUpdate.apply(*inputs, 1 / math.sqrt(D))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        autocast = FusedDeltaUpdate.apply(*inputs, 1 / math.sqrt(D))
+        autocast, _ = FusedDeltaUpdate.apply(*inputs, 1 / math.sqrt(D))
     assert autocast.dtype == torch.float32 and torch.equal(autocast, plain)
 
 
@@ -125,3 +128,20 @@ def test_fused_state_read_matches_the_eager_one_in_value_and_gradient(taps, T):
     for a, b in zip(eager_in, fused_in):
         assert torch.allclose(a.grad, b.grad, atol=1e-12)
     assert torch.autograd.gradcheck(FusedStateRead.apply, (X.detach().requires_grad_(), A.detach().requires_grad_()))
+
+
+@pytest.mark.parametrize("taps, T", [(4, 6), (4, 2), (1, 5)])
+def test_reading_a_rank_one_write_from_its_factors(taps, T):
+    g = torch.Generator().manual_seed(7)
+    delta, k_hat, A = torch.randn(2, T, DV, generator=g), torch.randn(2, T, D, generator=g), torch.randn(DV, D, taps, generator=g)
+    written = delta.unsqueeze(-1) * k_hat.unsqueeze(-2)                        # the write, materialised
+    assert torch.allclose(rank_one_read(delta, k_hat, A), state_read(written, A), atol=1e-12)
+    eager_in = [t.clone().requires_grad_() for t in (delta, k_hat, A)]
+    fused_in = [t.clone().requires_grad_() for t in (delta, k_hat, A)]
+    eager, fused = rank_one_read(*eager_in), FusedRankOneRead.apply(*fused_in)
+    assert torch.allclose(fused, eager, atol=1e-12)
+    G = torch.randn(eager.shape, generator=g)
+    eager.backward(G), fused.backward(G)
+    for a, b in zip(eager_in, fused_in):
+        assert torch.allclose(a.grad, b.grad, atol=1e-12)
+    assert torch.autograd.gradcheck(FusedRankOneRead.apply, [t.clone().requires_grad_() for t in (delta, k_hat, A)])

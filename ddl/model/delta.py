@@ -24,8 +24,11 @@ from .config import ModelConfig
 
 
 def delta_update(X: torch.Tensor, k_hat: torch.Tensor, beta: torch.Tensor, v: torch.Tensor,
-                 k_scale: float) -> torch.Tensor:
+                 k_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 2.5, X + beta k (v^T - k^T X), with the unit direction k = k_hat * k_scale.
+
+    Returns the new state X + delta k_hat^T and the write's values delta = beta (v - k^T X) k_scale
+    (B,T,dv, at least fp32), which let a compressor read the new state cheaply (read_write).
 
     The plain PyTorch form: the reference that FusedDeltaUpdate (what the model runs) is tested
     against. k_hat is RMS-normalised (entries O(1)) and k_scale = 1/sqrt(d) is applied outside
@@ -34,8 +37,8 @@ def delta_update(X: torch.Tensor, k_hat: torch.Tensor, beta: torch.Tensor, v: to
     """
     acc = _at_least_fp32(X.dtype)
     proj = (X * k_hat.unsqueeze(-2)).sum(-1, dtype=acc) * k_scale          # k^T X: (B,T,dv)
-    delta = (beta * (v.to(acc) - proj) * k_scale).to(X.dtype)              # (B,T,dv)
-    return X + delta.unsqueeze(-1) * k_hat.unsqueeze(-2)                   # rank-1 write
+    delta = beta * (v.to(acc) - proj) * k_scale                            # (B,T,dv)
+    return X + delta.to(X.dtype).unsqueeze(-1) * k_hat.unsqueeze(-2), delta  # rank-1 write
 
 
 class FusedDeltaUpdate(torch.autograd.Function):
@@ -44,8 +47,8 @@ class FusedDeltaUpdate(torch.autograd.Function):
     Forward: one fused dot product per value channel (k^T X) and one multiply-add (the rank-1
     write). Backward: two more dot products and one multiply-add on the incoming gradient G; it
     keeps only X, k_hat, beta and r = v - k^T X, with no state-sized temporaries. With
-    delta = beta r / sqrt(d) and k = k_hat / sqrt(d):
-        dL/d delta = G k_hat        dL/dv = beta/sqrt(d) dL/d delta        dL/dX = G - (dL/dv) k^T
+    delta = beta r / sqrt(d) (also an output, with gradient g) and k = k_hat / sqrt(d):
+        dL/d delta = G k_hat + g    dL/dv = beta/sqrt(d) dL/d delta        dL/dX = G - (dL/dv) k^T
         dL/dbeta = r . dL/d delta / sqrt(d)     dL/dk_hat = G^T delta - X^T dL/dv / sqrt(d)
     """
 
@@ -58,16 +61,18 @@ class FusedDeltaUpdate(torch.autograd.Function):
             delta = beta.to(acc) * r * k_scale
             ctx.save_for_backward(X, k_hat, beta, r)
             ctx.k_scale, ctx.v_dtype = k_scale, v.dtype
-            return torch.addcmul(Xa, delta.unsqueeze(-1), k).to(X.dtype)
+            return torch.addcmul(Xa, delta.unsqueeze(-1), k).to(X.dtype), delta
 
     @staticmethod
-    def backward(ctx, G):
+    def backward(ctx, G, g_delta_out):
         X, k_hat, beta, r = ctx.saved_tensors
         s = ctx.k_scale
         with torch.autocast(G.device.type, enabled=False):
             acc = _at_least_fp32(X.dtype)
             Xa, k, b, G = X.to(acc), k_hat.to(acc).unsqueeze(-2), beta.to(acc), G.to(acc)
             g_delta = torch.linalg.vecdot(G, k)                                   # (B,T,dv)
+            if g_delta_out is not None:
+                g_delta = g_delta + g_delta_out
             g_v = g_delta * b * s
             g_beta = (g_delta * r).sum(-1, keepdim=True) * s
             g_X = torch.addcmul(G, g_v.unsqueeze(-1), k, value=-s)
@@ -90,7 +95,11 @@ def _logit(p: float) -> float:
 
 
 class DeltaResidual(nn.Module):
-    """Produces (k_hat, beta, v) for one sublayer and applies the Delta update to the state."""
+    """Produces (k_hat, beta, v) for one sublayer and applies the Delta update to the state.
+
+    Returns the new state and its rank-1 write (delta (B,T,dv), k_hat (B,T,d)):
+    X_new = X + delta k_hat^T.
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -123,10 +132,11 @@ class DeltaResidual(nn.Module):
         v = self.v_scale * torch.sigmoid(v_raw)
         return k_hat, beta, v
 
-    def forward(self, X: torch.Tensor, h: torch.Tensor, x_in: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    def forward(self, X: torch.Tensor, h: torch.Tensor, x_in: torch.Tensor, c: torch.Tensor):
         k_hat, beta, v = self.components(h, x_in, c)
         self.last_beta = beta.detach()
-        return self.update(X, k_hat, beta, v, self.k_scale)
+        X, delta = self.update(X, k_hat, beta, v, self.k_scale)
+        return X, delta, k_hat
 
 
 def _causal_time_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -173,29 +183,90 @@ class FusedStateRead(torch.autograd.Function):
         X, A = ctx.saved_tensors
         B, T, dv, d = X.shape
         L = A.size(-1)
-        g_ahead = [F.pad(g[:, lag:], (0, 0, 0, lag)).unsqueeze(2) for lag in range(min(L, T))]  # g[t + lag]
-        g_X = g_ahead[0] * A[..., L - 1]
+        g_ahead = [_ahead(g, lag).unsqueeze(2) for lag in range(min(L, T))]      # g[t + lag] at t
+        g_X, product = (torch.empty(B, T, dv, d, dtype=X.dtype, device=X.device) for _ in range(2))  # contiguous
+        torch.mul(g_ahead[0], A[..., L - 1], out=g_X)
         for lag in range(1, len(g_ahead)):
             g_X.addcmul_(g_ahead[lag], A[..., L - 1 - lag])
-        g_A, product = torch.zeros_like(A), torch.empty_like(g_X)
+        g_A = torch.zeros_like(A)
         for lag, g_lag in enumerate(g_ahead):
-            g_A[..., L - 1 - lag] = torch.mul(X, g_lag, out=product).view(B * T, dv, d).sum(0)
+            g_A[..., L - 1 - lag] = torch.mul(X, g_lag, out=product).view(B * T, dv * d).sum(0).view(dv, d)
         return g_X, g_A
+
+
+def rank_one_read(delta: torch.Tensor, k_hat: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+    """state_read(delta k_hat^T, A) from the factors: delta (B,T,dv), k_hat (B,T,d); (B,T,d).
+
+    The read is linear, so read(X + delta k_hat^T) = read(X) + rank_one_read(delta, k_hat, A): a
+    block reads its updated state without another pass over it. The plain PyTorch form.
+    """
+    T, L = delta.size(1), A.size(-1)
+    x = (delta @ A[..., L - 1]) * k_hat                                        # lag 0
+    for lag in range(1, min(L, T)):
+        x = x + F.pad((delta[:, : T - lag] @ A[..., L - 1 - lag]) * k_hat[:, : T - lag], (0, 0, lag, 0))
+    return x
+
+
+class FusedRankOneRead(torch.autograd.Function):
+    """rank_one_read that keeps only its inputs and recomputes delta A in backward."""
+
+    @staticmethod
+    def forward(ctx, delta, k_hat, A):
+        T, L = delta.size(1), A.size(-1)
+        x = (delta @ A[..., L - 1]) * k_hat
+        for lag in range(1, min(L, T)):
+            x[:, lag:].addcmul_(delta[:, : T - lag] @ A[..., L - 1 - lag], k_hat[:, : T - lag])
+        ctx.save_for_backward(delta, k_hat, A)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        delta, k_hat, A = ctx.saved_tensors
+        dv, d, L = A.shape
+        g_delta, g_k, g_A = torch.zeros_like(delta), torch.zeros_like(k_hat), torch.zeros_like(A)
+        for lag in range(min(L, delta.size(1))):
+            g_lag, A_lag = _ahead(g, lag), A[..., L - 1 - lag]                   # source token t feeds t + lag
+            g_k.addcmul_(g_lag, delta @ A_lag)
+            g_P = g_lag * k_hat
+            g_delta += g_P @ A_lag.T
+            g_A[..., L - 1 - lag] = delta.reshape(-1, dv).T @ g_P.reshape(-1, d)
+        return g_delta, g_k, g_A
+
+
+def _ahead(g: torch.Tensor, lag: int) -> torch.Tensor:
+    """g[:, t + lag] at position t, zero past the end: (B,T,...) -> the same shape, contiguous."""
+    return F.pad(g[:, lag:], (0, 0) * (g.dim() - 2) + (0, lag)) if lag else g
 
 
 @functools.cache
 def delta_kernels(kind: str) -> tuple:
-    """(update, read) for ModelConfig.kernels: the hand-fused autograd kernels, or the plain forms compiled."""
+    """(update, read, rank_one_read) for ModelConfig.kernels: hand-fused autograd kernels, or the
+    plain forms through torch.compile."""
     if kind == "compiled":
-        return torch.compile(delta_update), torch.compile(state_read)
-    return FusedDeltaUpdate.apply, FusedStateRead.apply
+        return torch.compile(delta_update), torch.compile(state_read), torch.compile(rank_one_read)
+    return FusedDeltaUpdate.apply, FusedStateRead.apply, FusedRankOneRead.apply
 
 
-class TimeConvCompressor(nn.Module):
+class StateCompressor(nn.Module):
+    """Reads the state: x_in = state_read(X, A) with the subclass's (dv, d, L) taps A."""
+
+    def taps(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        return self.ops[1](X, self.taps().to(X.dtype))                     # (B,T,d)
+
+    def read_write(self, delta: torch.Tensor, k_hat: torch.Tensor) -> torch.Tensor:
+        """read(delta k_hat^T) from the (B,T,dv) and (B,T,d) factors (see rank_one_read), in delta's dtype."""
+        with torch.autocast(delta.device.type, enabled=False):
+            return self.ops[2](delta, k_hat.to(delta.dtype), self.taps().to(delta.dtype))
+
+
+class TimeConvCompressor(StateCompressor):
     """conv none/ec: x_in = sum_j w_p[j] * ShortConv_T(X)[..., j] (appendix B.3).
 
-    The depthwise causal conv over T and the read vector are folded into one (d_v, d, K) kernel
-    applied by FusedStateRead: the convolved state is never materialised.
+    The depthwise causal conv over T and the read vector are folded into one (d_v, d, K) kernel:
+    the convolved state is never materialised.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -204,15 +275,14 @@ class TimeConvCompressor(nn.Module):
         self.dv = cfg.dv
         self.weight = nn.Parameter(torch.empty(channels, 1, K).uniform_(-K ** -0.5, K ** -0.5))  # channel i*dv + j
         self.read = nn.Parameter(torch.full((cfg.dv,), cfg.read_value))   # w_p
-        self.apply_read = delta_kernels(cfg.kernels)[1]
+        self.ops = delta_kernels(cfg.kernels)
 
-    def forward(self, X: torch.Tensor) -> torch.Tensor:
-        d, dv, K = X.size(-1), self.dv, self.weight.size(-1)
-        A = (self.weight.view(d, dv, K) * self.read[:, None]).transpose(0, 1)   # (dv, d, K); tap K-1 is lag 0
-        return self.apply_read(X, A.to(X.dtype))                                 # (B,T,d)
+    def taps(self) -> torch.Tensor:
+        d, K = self.weight.size(0) // self.dv, self.weight.size(-1)
+        return (self.weight.view(d, self.dv, K) * self.read[:, None]).transpose(0, 1)  # (dv, d, K); tap K-1 is lag 0
 
 
-class ChannelConvCompressor(nn.Module):
+class ChannelConvCompressor(StateCompressor):
     """conv cc/cc_ec: per-feature causal conv along the d_v axis, then the read vector w_p.
 
     Both maps are linear along d_v, so together they are one per-feature weighted sum
@@ -226,7 +296,7 @@ class ChannelConvCompressor(nn.Module):
         K = cfg.state_kernel
         self.weight = nn.Parameter(torch.empty(cfg.d_model, K).uniform_(-K ** -0.5, K ** -0.5))   # c
         self.read = nn.Parameter(torch.full((cfg.dv,), cfg.read_value))                           # w_p
-        self.apply_read = delta_kernels(cfg.kernels)[1]
+        self.ops = delta_kernels(cfg.kernels)
 
     def mixing(self) -> torch.Tensor:
         dv = self.read.numel()
@@ -236,11 +306,11 @@ class ChannelConvCompressor(nn.Module):
             a[:, : dv - s] += self.weight[:, K - 1 - s:K - s] * self.read[s:]
         return a                                                               # (d, dv)
 
-    def forward(self, X: torch.Tensor) -> torch.Tensor:
-        return self.apply_read(X, self.mixing().T.unsqueeze(-1).to(X.dtype))  # one tap: (dv, d, 1)
+    def taps(self) -> torch.Tensor:
+        return self.mixing().T.unsqueeze(-1)                                    # one tap over T: (dv, d, 1)
 
 
-def make_compressor(cfg: ModelConfig) -> nn.Module:
+def make_compressor(cfg: ModelConfig) -> StateCompressor:
     return ChannelConvCompressor(cfg) if cfg.channel_conv else TimeConvCompressor(cfg)
 
 

@@ -77,7 +77,8 @@ class DeltaBlock(nn.Module):
     """DDL: per sublayer compress -> process -> expand (section 4.2). The state X is (B,T,dv,d).
 
     For d_v = 1 the compressor is the identity (x_in = x, Eq. 3.1); for d_v > 1 one
-    compressor per block serves both sublayers, as in the reference implementation.
+    compressor per block serves both sublayers, as in the reference implementation, so the
+    MLP's read is the attention's read plus the read of the attention's rank-1 write.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -93,10 +94,13 @@ class DeltaBlock(nn.Module):
     def forward(self, X: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x_in = self.read(X)
         c = self.norm_attn(x_in)
-        X = self.delta_attn(X, self.attn(c, cos, sin), x_in, c)
-        x_in = self.read(X)
+        X, delta, k_hat = self.delta_attn(X, self.attn(c, cos, sin), x_in, c)
+        if self.compress is None:
+            x_in = self.read(X)
+        else:                                  # read(X + delta k_hat^T), without another pass over X
+            x_in = x_in + self.compress.read_write(delta, k_hat)
         c = self.norm_mlp(x_in)
-        return self.delta_mlp(X, self.mlp(c), x_in, c)
+        return self.delta_mlp(X, self.mlp(c), x_in, c)[0]
 
 
 class GPT(nn.Module):
