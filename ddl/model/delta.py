@@ -240,10 +240,11 @@ def _ahead(g: torch.Tensor, lag: int) -> torch.Tensor:
 
 @functools.cache
 def delta_kernels(kind: str) -> tuple:
-    """(update, read, rank_one_read) for ModelConfig.kernels: hand-fused autograd kernels, or the
-    plain forms through torch.compile."""
+    """(update, read, rank_one_read) for ModelConfig.kernels: the hand-fused autograd kernels, or
+    the plain forms of the two state-sized ops through torch.compile. The rank-1 read stays fused
+    in both: it touches only (B,T,d) tensors, and compiled it keeps delta A for backward (memory)."""
     if kind == "compiled":
-        return torch.compile(delta_update), torch.compile(state_read), torch.compile(rank_one_read)
+        return torch.compile(delta_update), torch.compile(state_read), FusedRankOneRead.apply
     return FusedDeltaUpdate.apply, FusedStateRead.apply, FusedRankOneRead.apply
 
 
