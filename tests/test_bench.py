@@ -1,0 +1,38 @@
+"""`make bench` end to end (quick mode): every arm measured against the baseline and written out.
+
+Figures are not asserted against the targets here (timings belong to the bench, not to tests);
+what is asserted is that each one was measured, relative to the same-run baseline, and rendered.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ddl.bench import ARMS
+
+
+def test_quick_bench_writes_every_arm_as_a_ratio_to_the_baseline(tmp_path, ddl_home):
+    out = tmp_path / "bench"
+    done = subprocess.run([sys.executable, "-m", "ddl.bench", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((out / "bench.json").read_text())
+    rows = result["model"]
+    assert list(rows) == list(ARMS)
+    assert rows["baseline"]["time_ratio"] == 1.0 and rows["baseline"]["memory_ratio"] == 1.0
+    for name, row in rows.items():
+        assert row["step_ms"] > 0 and row["tokens_per_s"] > 0, name
+        assert row["time_ratio"] == pytest.approx(row["step_ms"] / rows["baseline"]["step_ms"]), name
+    # the state grows with d_v: more activation memory than the baseline, more for d_v=4 than 1
+    assert 1.0 < rows["ddl_dv1"]["memory_ratio"] < rows["ddl_dv4"]["memory_ratio"]
+    assert rows["ddl_dv4_compiled"]["params"] == rows["ddl_dv4"]["params"]
+    orchestrator = result["orchestrator"]
+    assert orchestrator["help_s"] > 0 and orchestrator["dry_run_paper_small_s"] > 0
+    assert orchestrator["smoke_sweep_to_first_step_s"] > 0
+    assert 0 < result["logging"]["fraction_of_step"] < 1
+    markdown = (out / "bench.md").read_text()
+    assert markdown in done.stdout
+    for name in ARMS:
+        assert f"| {name} |" in markdown
