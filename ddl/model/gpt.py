@@ -91,8 +91,10 @@ class DeltaBlock(nn.Module):
     def read(self, X: torch.Tensor) -> torch.Tensor:
         return X.squeeze(-2) if self.compress is None else self.compress(X)   # x_in: (B,T,d)
 
-    def forward(self, X: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x_in = self.read(X)
+    def forward(self, X: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                x_in: torch.Tensor | None = None) -> torch.Tensor:
+        """x_in: read(X) when the caller has it cheaper than a pass over X."""
+        x_in = self.read(X) if x_in is None else x_in
         c = self.norm_attn(x_in)
         X, delta, k_hat = self.delta_attn(X, self.attn(c, cos, sin), x_in, c)
         if self.compress is None:
@@ -140,12 +142,15 @@ class GPT(nn.Module):
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         x = self.wte(idx)                                                      # (B,T,d)
         if self.cfg.residual == "ddl":
+            x_in = None
             if self.expand is not None:
                 X = self.expand(x)                                             # (B,T,dv,d), EC
             else:
                 X = x.unsqueeze(-2).expand(B, T, self.cfg.dv, self.cfg.d_model)  # X0 = x_emb 1^T
-            for block in self.blocks:
-                X = block(X, cos, sin)
+                if self.cfg.expanded:                  # X0 is a rank-1 write: read it from its factors
+                    x_in = self.blocks[0].compress.read_write(x.new_ones(B, T, self.cfg.dv), x)
+            for i, block in enumerate(self.blocks):
+                X = block(X, cos, sin, x_in if i == 0 else None)
             x = X.squeeze(-2) if self.readout is None else self.readout(X)    # (B,T,d)
         else:
             for block in self.blocks:
