@@ -65,6 +65,21 @@ def test_reading_a_rank_one_write_equals_reading_the_new_state(name, T):
     assert torch.allclose(compress(new), compress(X) + compress.read_write(delta, k_hat), atol=1e-12)
 
 
+@pytest.mark.parametrize("name", ["ddl_dv4", "ddl_dv4_ec", "ddl_dv4_cc_ec"])
+def test_block_0_reads_the_initial_state_from_the_embedding(name):
+    """GPT reads X0 from x (a rank-1 write, or two composed convs for EC) instead of from X0."""
+    model = micro(torch.float64, **VARIANTS[name])
+    compress = model.blocks[0].compress
+    torch.nn.init.normal_(compress.read)
+    x = torch.randn(2, 9, 64, dtype=torch.float64)
+    if model.expand is None:
+        X0, from_x = x.unsqueeze(-2).expand(2, 9, 4, 64), compress.read_write(x.new_ones(2, 9, 4), x)
+    else:
+        torch.nn.init.normal_(model.expand.weight)
+        X0, from_x = model.expand(x), model.expand.read_expanded(x, compress.taps())
+    assert torch.allclose(from_x, compress(X0), atol=1e-12)
+
+
 @pytest.mark.parametrize("name", ["ddl_dv1_k", "ddl_dv4", "ddl_dv4_cc_ec"])
 def test_beta_to_zero_makes_each_sublayer_the_identity(name):
     model = micro(torch.float64, beta_init=0.0, **VARIANTS[name])

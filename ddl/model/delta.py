@@ -329,3 +329,17 @@ class EmbedExpander(nn.Module):
         B, T, d = x.shape
         X = _causal_time_conv(x, self.weight.to(x.dtype)).view(B, T, d, self.dv)  # channel i*dv + j
         return X.transpose(-1, -2).contiguous()
+
+    def read_expanded(self, x: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+        """state_read(self(x), taps) as one causal depthwise conv of x (B,T,d), taps (dv,d,L).
+
+        Both maps are convs over T, so they compose: read tap p and expander tap m land on tap
+        p + m of a (d, L+K-1) kernel, summed over d_v. The expanded state is not read.
+        """
+        d, K, L = x.size(-1), self.weight.size(-1), taps.size(-1)
+        with torch.autocast(x.device.type, enabled=False):
+            w = self.weight.view(d, self.dv, K).transpose(0, 1).to(taps.dtype)      # (dv, d, K)
+            composite = taps.new_zeros(d, L + K - 1)
+            for p in range(L):
+                composite[:, p:p + K] += (taps[..., p, None] * w).sum(0)
+            return _causal_time_conv(x.to(taps.dtype), composite.unsqueeze(1))

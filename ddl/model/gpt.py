@@ -142,9 +142,10 @@ class GPT(nn.Module):
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         x = self.wte(idx)                                                      # (B,T,d)
         if self.cfg.residual == "ddl":
-            x_in = None
+            x_in = None                                # block 0's read of X0, from x: no pass over X0
             if self.expand is not None:
                 X = self.expand(x)                                             # (B,T,dv,d), EC
+                x_in = self.expand.read_expanded(x, self.blocks[0].compress.taps())
             else:
                 X = x.unsqueeze(-2).expand(B, T, self.cfg.dv, self.cfg.d_model)  # X0 = x_emb 1^T
                 if self.cfg.expanded:                  # X0 is a rank-1 write: read it from its factors
