@@ -36,6 +36,7 @@ ARMS = {"baseline": dict(residual="baseline"), **DDL_ARMS,
 CPU_SHAPE = dict(n_layer=4, n_head=4, d_model=256, max_seq_len=256, vocab_size=256)
 TARGETS = {"ddl_dv1": 1.05, "ddl_dv4": 1.25}
 MEMORY_TARGET = 1.5
+BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 
 class Arm:
@@ -93,14 +94,23 @@ def model_costs(device: torch.device, shape: dict, batch: int, seq: int, rounds:
             arm.times += [arm.step() for _ in range(steps)]
     base = arms[0]
     base_time = statistics.median(base.times)
-    tokens = batch * seq
+    tokens, peak = batch * seq, peak_flops(device)
     rows = {}
     for arm in arms:
         median = statistics.median(arm.times)
+        params = arm.model.num_params()
         rows[arm.name] = {"step_ms": 1e3 * median, "time_ratio": median / base_time, "tokens_per_s": tokens / median,
                           "memory_mib": arm.memory / 2 ** 20, "memory_ratio": arm.memory / base.memory,
-                          "params": arm.model.num_params()}
+                          "params": params, "mfu": 6 * params * tokens / median / peak if peak else None}
     return rows
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The device's dense bf16 peak, for MFU (6 N FLOPs per token, as the dry run counts), if known."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in BF16_PEAK_FLOPS.items() if key in name), None)
 
 
 def _wall(cmd: list[str], env: dict) -> float:
@@ -171,7 +181,8 @@ def model_table(rows: dict) -> list[str]:
         verdict = "" if target is None else f"<= {target:.2f} {'ok' if row['time_ratio'] <= target else 'MISSED'}"
         memory = f"{row['memory_ratio']:.2f}" + (f" (<= {MEMORY_TARGET} {'ok' if row['memory_ratio'] <= MEMORY_TARGET else 'MISSED'})"
                                                   if name.removesuffix("_compiled") == "ddl_dv4" else "")
-        lines.append(f"| {name} | {row['step_ms']:.1f} | {row['time_ratio']:.3f} | {verdict} | {row['tokens_per_s']:,.0f} "
+        mfu = f" (MFU {100 * row['mfu']:.0f}%)" if row.get("mfu") else ""
+        lines.append(f"| {name} | {row['step_ms']:.1f} | {row['time_ratio']:.3f} | {verdict} | {row['tokens_per_s']:,.0f}{mfu} "
                      f"| {row['memory_mib']:.1f} | {memory} |")
     return lines
 
