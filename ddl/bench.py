@@ -12,6 +12,7 @@ parameters excluded: what grows with d_v); on CUDA, torch.cuda.max_memory_alloca
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -27,6 +28,7 @@ import torch
 
 from . import paths
 from .model import GPT, ModelConfig
+from .train.distributed import keep_freed_memory
 
 DDL_ARMS = {"ddl_dv1": dict(residual="ddl", dv=1), "ddl_dv4": dict(residual="ddl", dv=4),
             "ddl_dv4_cc": dict(residual="ddl", dv=4, conv="cc"), "ddl_dv4_ec": dict(residual="ddl", dv=4, conv="ec")}
@@ -111,6 +113,16 @@ def peak_flops(device: torch.device) -> float | None:
         return None
     name = torch.cuda.get_device_name(device)
     return next((flops for key, flops in BF16_PEAK_FLOPS.items() if key in name), None)
+
+
+def cpu_name() -> str:
+    """The CPU model as Linux reports it (with its family, which tells generations apart), else platform's word."""
+    with contextlib.suppress(OSError):
+        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines() if ":" in line)
+        info = {key.strip(): value.strip() for key, value in info.items()}
+        if "model name" in info:
+            return f"{info['model name']} (family {info.get('cpu family', '?')}, {os.cpu_count()} CPUs)"
+    return platform.processor() or platform.machine()
 
 
 def _wall(cmd: list[str], env: dict) -> float:
@@ -215,11 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="where bench.{json,md} go (default reports/bench)")
     args = parser.parse_args(argv)
     rounds, steps = (2, 1) if args.quick else (args.rounds, args.steps)
+    reuses_memory = keep_freed_memory()               # as train() does: no page faults for reused activations
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     shape, batch, seq = CPU_SHAPE, 8, 256
-    result = {"machine": {"device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
-                          "torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version()},
+    result = {"machine": {"device": torch.cuda.get_device_name() if cuda else cpu_name(),
+                          "torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
+                          "keep_freed_memory": reuses_memory},
               "config": {**shape, "batch": batch, "seq_len": seq}}
     result["model"] = model_costs(device, shape, batch, seq, rounds, steps, compile_=False)
     if cuda:  # the paper's small size, bf16, compiled and not

@@ -16,7 +16,7 @@ from ..data import BatchLoader, open_dataset, prepare, val_batches
 from ..model import GPT
 from . import checkpoint
 from .config import RunConfig, TrainConfig
-from .distributed import DistInfo, all_reduce_mean, cpu_threads, init_distributed
+from .distributed import DistInfo, all_reduce_mean, cpu_threads, init_distributed, keep_freed_memory
 from .loggers import MetricLogger
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
@@ -130,6 +130,7 @@ def train(run: RunConfig, run_dir: Path, logger: MetricLogger, signature: str, *
     cfg = run.train
     run_dir = Path(run_dir)
     torch.set_num_threads(cpu_threads())
+    keep_freed_memory()
     info = init_distributed("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
                             else "cpu")
     device = _device(cfg, info)
