@@ -157,22 +157,35 @@ def orchestrator_costs() -> dict:
 
 
 def logging_cost(step_s: float) -> dict:
-    """Seconds per MLflowLogger.log_metrics call with a DDL step's metrics, over a step's time."""
+    """MLflowLogger.log_metrics with a DDL step's metrics every step, against a step's time.
+
+    Two figures: how long the training loop waits in the call (it hands batches to MLflow's
+    logging thread), with 20 ms of other work between calls, far less than a step, so the thread
+    has less slack than in training; and all the work per call, the writes included, measured
+    back to back: what logging costs a machine with no core to spare.
+    """
     from .track import store
     with tempfile.TemporaryDirectory() as home:
         os.environ["DDL_HOME"] = home
         os.environ.pop("MLFLOW_TRACKING_URI", None)
-        run_id = store.open_run("bench", "bench", "bench", {}, {})
-        logger = store.MLflowLogger(run_id)
         metrics = {f"beta/L{i:02d}.{p}/{s}": 1.0 for i in range(4) for p in ("attn", "mlp")
                    for s in ("mean", "std", "frac_gt1")} | {"train/loss": 1.0, "train/lr": 1.0}
-        calls = 300
+        calls, waited = 300, 0.0
+        logger = store.MLflowLogger(store.open_run("bench", "bench", "bench", {}, {}))
+        for step in range(calls):
+            time.sleep(0.02)
+            start = time.perf_counter()
+            logger.log_metrics(metrics, step)
+            waited += time.perf_counter() - start
+        logger.close()
+        logger = store.MLflowLogger(store.open_run("bench", "bench", "bench", {}, {}))
         start = time.perf_counter()
         for step in range(calls):
             logger.log_metrics(metrics, step)
         logger.close()
-        per_call = (time.perf_counter() - start) / calls
-    return {"log_call_ms": 1e3 * per_call, "metrics_per_call": len(metrics), "fraction_of_step": per_call / step_s}
+        work = (time.perf_counter() - start) / calls
+    return {"loop_wait_ms": 1e3 * waited / calls, "work_ms": 1e3 * work, "metrics_per_call": len(metrics),
+            "fraction_of_step": waited / calls / step_s, "work_fraction_of_step": work / step_s}
 
 
 def time_target(name: str, rows: dict) -> float | None:
@@ -213,8 +226,10 @@ def markdown(result: dict) -> str:
               f"| ddl-run --help | {o['help_s']:.2f} | < 1.5 |",
               f"| dry run of paper_small | {o['dry_run_paper_small_s']:.2f} | < 3 |",
               f"| smoke sweep to its first training step | {o.get('smoke_sweep_to_first_step_s', float('nan')):.2f} | |",
-              "", f"MLflow logging: {log['log_call_ms']:.3f} ms per step with {log['metrics_per_call']} metrics = "
-                  f"{100 * log['fraction_of_step']:.2f}% of a baseline step at the config above (target < 1%).", ""]
+              "", f"MLflow logging, {log['metrics_per_call']} metrics every step: the loop waits {log['loop_wait_ms']:.3f} ms "
+                  f"a step = {100 * log['fraction_of_step']:.2f}% of a baseline step at the config above (target < 1%: "
+                  f"{'ok' if log['fraction_of_step'] < 0.01 else 'MISSED'}); all the work, writes on MLflow's logging "
+                  f"thread included: {log['work_ms']:.3f} ms = {100 * log['work_fraction_of_step']:.2f}%.", ""]
     return "\n".join(lines)
 
 

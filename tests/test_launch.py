@@ -34,6 +34,20 @@ def test_the_users_sweep_runs_three_distinct_jobs_then_skips_them(ddl_home, tmp_
     assert len(mlflow_runs("default")) == 3
 
 
+def test_the_mlflow_logger_writes_every_metric_of_every_step_in_the_background(ddl_home):
+    """Batches go to MLflow's logging thread (several in flight over the run); close() waits for
+    them, and the store then holds each step's values, in order."""
+    from ddl.track import store
+    run_id = store.open_run("logger", "sig", "logger", {}, {})
+    logger = store.MLflowLogger(run_id, max_buffer=50)            # a batch every 25 steps
+    for step in range(1, 201):
+        logger.log_metrics({"train/loss": 1.0 / step, "train/lr": step * 1e-3}, step)
+    logger.close()
+    history = store.client().get_metric_history(run_id, "train/loss")
+    assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == [(s, 1.0 / s) for s in range(1, 201)]
+    assert len(store.client().get_metric_history(run_id, "train/lr")) == 200
+
+
 def test_a_dry_run_launches_and_writes_nothing(ddl_home):
     out = run_cli("ddl-run", "-m", "+sweep=paper_small", "--dry-run")
     assert out.returncode == 0, out.stderr[-3000:]

@@ -72,12 +72,15 @@ def open_run(experiment: str, signature: str, run_name: str, params: dict, tags:
 
 
 class MLflowLogger:
-    """The trainer's MetricLogger: metrics buffered and written in batches (log_batch), so the
-    training loop never waits on the store more than once every `flush_s` seconds."""
+    """The trainer's MetricLogger: metrics buffered and written in batches (log_batch) by MLflow's
+    async logging thread, so the training loop hands a batch over at most once every `flush_s`
+    seconds and waits only if the previous batch is still being written. close() waits for the
+    last one and raises what a write raised."""
 
     def __init__(self, run_id: str, flush_s: float = 5.0, max_buffer: int = 900):
         self.run_id, self.flush_s, self.max_buffer = run_id, flush_s, max_buffer
         self._buffer: list = []
+        self._writing: list = []                      # RunOperations of the batches in flight
         self._last_flush = time.monotonic()
         self._client = client()
 
@@ -89,13 +92,20 @@ class MLflowLogger:
             self.flush()
 
     def flush(self) -> None:
-        for i in range(0, len(self._buffer), 1000):
-            self._client.log_batch(self.run_id, metrics=self._buffer[i:i + 1000])
+        self.wait()
+        self._writing = [self._client.log_batch(self.run_id, metrics=self._buffer[i:i + 1000], synchronous=False)
+                         for i in range(0, len(self._buffer), 1000)]   # MLflow takes 1000 metrics a call
         self._buffer = []
         self._last_flush = time.monotonic()
 
+    def wait(self) -> None:
+        writing, self._writing = self._writing, []
+        for operation in writing:
+            operation.wait()
+
     def close(self) -> None:
         self.flush()
+        self.wait()
 
 
 def close_run(run_id: str, status: str, *, metrics: dict[str, float] | None = None,
