@@ -151,9 +151,21 @@ def orchestrator_costs() -> dict:
                     break
                 time.sleep(0.05)
         finally:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(30)
+            _stop_group(process)
     return out
+
+
+def _stop_group(process: subprocess.Popen, timeout_s: float = 60) -> None:
+    """SIGTERM a session leader's whole group and wait until none of it is left: the sweep's jobs
+    checkpoint on SIGTERM, and they must be done writing before their DDL_HOME is removed."""
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    with contextlib.suppress(ProcessLookupError):
+        while time.monotonic() < deadline:
+            os.killpg(process.pid, 0)                  # raises once the group is empty
+            time.sleep(0.05)
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 def logging_cost(step_s: float) -> dict:
