@@ -116,18 +116,23 @@ def test_fused_update_keeps_the_state_in_fp32_under_bf16_autocast():
     assert autocast.dtype == torch.float32 and torch.equal(autocast, plain)
 
 
+def assert_fused_matches_plain(plain, fused, inputs, g):
+    """fused(*inputs) equals plain(*inputs) in value and in every input's gradient, and passes gradcheck."""
+    plain_in, fused_in = ([t.clone().requires_grad_() for t in inputs] for _ in range(2))
+    expected, out = plain(*plain_in), fused(*fused_in)
+    assert torch.allclose(out, expected, atol=1e-12)
+    G = torch.randn(expected.shape, generator=g)
+    expected.backward(G), out.backward(G)
+    for a, b in zip(plain_in, fused_in):
+        assert torch.allclose(a.grad, b.grad, atol=1e-12)
+    assert torch.autograd.gradcheck(fused, [t.clone().requires_grad_() for t in inputs])
+
+
 @pytest.mark.parametrize("taps, T", [(4, 6), (4, 2), (1, 5)])
 def test_fused_state_read_matches_the_eager_one_in_value_and_gradient(taps, T):
     g = torch.Generator().manual_seed(5)
     X, A = torch.randn(2, T, DV, D, generator=g), torch.randn(DV, D, taps, generator=g)
-    eager_in, fused_in = [X.clone().requires_grad_(), A.clone().requires_grad_()], [X.requires_grad_(), A.requires_grad_()]
-    eager, fused = state_read(*eager_in), FusedStateRead.apply(*fused_in)
-    assert torch.allclose(fused, eager, atol=1e-12)
-    G = torch.randn(eager.shape, generator=g)
-    eager.backward(G), fused.backward(G)
-    for a, b in zip(eager_in, fused_in):
-        assert torch.allclose(a.grad, b.grad, atol=1e-12)
-    assert torch.autograd.gradcheck(FusedStateRead.apply, (X.detach().requires_grad_(), A.detach().requires_grad_()))
+    assert_fused_matches_plain(state_read, FusedStateRead.apply, [X, A], g)
 
 
 @pytest.mark.parametrize("taps, T", [(4, 6), (4, 2), (1, 5)])
@@ -136,12 +141,4 @@ def test_reading_a_rank_one_write_from_its_factors(taps, T):
     delta, k_hat, A = torch.randn(2, T, DV, generator=g), torch.randn(2, T, D, generator=g), torch.randn(DV, D, taps, generator=g)
     written = delta.unsqueeze(-1) * k_hat.unsqueeze(-2)                        # the write, materialised
     assert torch.allclose(rank_one_read(delta, k_hat, A), state_read(written, A), atol=1e-12)
-    eager_in = [t.clone().requires_grad_() for t in (delta, k_hat, A)]
-    fused_in = [t.clone().requires_grad_() for t in (delta, k_hat, A)]
-    eager, fused = rank_one_read(*eager_in), FusedRankOneRead.apply(*fused_in)
-    assert torch.allclose(fused, eager, atol=1e-12)
-    G = torch.randn(eager.shape, generator=g)
-    eager.backward(G), fused.backward(G)
-    for a, b in zip(eager_in, fused_in):
-        assert torch.allclose(a.grad, b.grad, atol=1e-12)
-    assert torch.autograd.gradcheck(FusedRankOneRead.apply, [t.clone().requires_grad_() for t in (delta, k_hat, A)])
+    assert_fused_matches_plain(rank_one_read, FusedRankOneRead.apply, [delta, k_hat, A], g)
