@@ -67,10 +67,11 @@ class Arm:
         return time.perf_counter() - start
 
     def measure_memory(self) -> int:
-        if self.device.type == "cuda":
+        if self.device.type == "cuda":                # what a step adds on top of weights and optimizer state
             torch.cuda.reset_peak_memory_stats()
+            resident = torch.cuda.memory_allocated()
             self.step()
-            return torch.cuda.max_memory_allocated()
+            return torch.cuda.max_memory_allocated() - resident
         storages: dict[int, int] = {}                 # a tensor saved by two ops is held once
 
         def pack(t):
