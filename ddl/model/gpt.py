@@ -31,14 +31,22 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
+class RMSNorm(nn.RMSNorm):
+    """nn.RMSNorm with its weight in the input's dtype: under bf16 autocast the projections hand it
+    bf16 activations, and with an fp32 weight torch falls back from its fused kernel."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.eps)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.q_norm = nn.RMSNorm(cfg.head_dim, eps=NORM_EPS)
-        self.k_norm = nn.RMSNorm(cfg.head_dim, eps=NORM_EPS)
+        self.q_norm = RMSNorm(cfg.head_dim, eps=NORM_EPS)
+        self.k_norm = RMSNorm(cfg.head_dim, eps=NORM_EPS)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, d = x.shape
@@ -65,8 +73,8 @@ class AdditiveBlock(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.norm_attn, self.attn = nn.RMSNorm(cfg.d_model, eps=NORM_EPS), CausalSelfAttention(cfg)
-        self.norm_mlp, self.mlp = nn.RMSNorm(cfg.d_model, eps=NORM_EPS), SwiGLU(cfg)
+        self.norm_attn, self.attn = RMSNorm(cfg.d_model, eps=NORM_EPS), CausalSelfAttention(cfg)
+        self.norm_mlp, self.mlp = RMSNorm(cfg.d_model, eps=NORM_EPS), SwiGLU(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm_attn(x), cos, sin)
@@ -84,8 +92,8 @@ class DeltaBlock(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.compress = make_compressor(cfg) if cfg.expanded else None
-        self.norm_attn, self.attn = nn.RMSNorm(cfg.d_model, eps=NORM_EPS), CausalSelfAttention(cfg)
-        self.norm_mlp, self.mlp = nn.RMSNorm(cfg.d_model, eps=NORM_EPS), SwiGLU(cfg)
+        self.norm_attn, self.attn = RMSNorm(cfg.d_model, eps=NORM_EPS), CausalSelfAttention(cfg)
+        self.norm_mlp, self.mlp = RMSNorm(cfg.d_model, eps=NORM_EPS), SwiGLU(cfg)
         self.delta_attn, self.delta_mlp = DeltaResidual(cfg), DeltaResidual(cfg)
 
     def read(self, X: torch.Tensor) -> torch.Tensor:
@@ -114,7 +122,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(block(cfg) for _ in range(cfg.n_layer))
         self.expand = EmbedExpander(cfg) if cfg.expanded and cfg.embed_conv else None
         self.readout = make_compressor(cfg) if cfg.expanded else None   # final readout before norm_f
-        self.norm_f = nn.RMSNorm(cfg.d_model, eps=NORM_EPS)
+        self.norm_f = RMSNorm(cfg.d_model, eps=NORM_EPS)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
         cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)
