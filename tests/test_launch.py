@@ -48,6 +48,20 @@ def test_the_mlflow_logger_writes_every_metric_of_every_step_in_the_background(d
     assert len(store.client().get_metric_history(run_id, "train/lr")) == 200
 
 
+def test_the_store_follows_ddl_home_and_is_not_exported_to_children(ddl_home, monkeypatch, tmp_path):
+    """A job finds its store from DDL_HOME; had the parent exported MLFLOW_TRACKING_URI, a job under
+    another DDL_HOME would write to the parent's store, its artifacts to ./mlruns."""
+    import os
+    from ddl.track import store
+    store.experiment_id("first")
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+    monkeypatch.setenv("DDL_HOME", str(tmp_path / "other"))
+    store.experiment_id("second")
+    assert store.client().get_experiment_by_name("first") is None
+    other = store.client().get_experiment_by_name("second")
+    assert other.artifact_location == (tmp_path / "other" / "mlartifacts" / "second").as_uri()
+
+
 def test_a_dry_run_launches_and_writes_nothing(ddl_home):
     out = run_cli("ddl-run", "-m", "+sweep=paper_small", "--dry-run")
     assert out.returncode == 0, out.stderr[-3000:]

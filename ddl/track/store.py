@@ -7,6 +7,7 @@ or MLFLOW_TRACKING_URI for a team server. Artifacts go to DDL_HOME/mlartifacts/<
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -26,7 +27,10 @@ def client():
     uri = paths.tracking_uri()
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    mlflow.set_tracking_uri(uri)
+    exported = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)                     # for the fluent API (query.load_runs)
+    if exported is None:   # mlflow also exports it: child processes and a later DDL_HOME would inherit this store
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
     return MlflowClient(uri)
 
 
@@ -37,7 +41,7 @@ def experiment_id(name: str) -> str:
     if found is not None:
         return found.experiment_id
     location = None  # a team server decides; the project store keeps artifacts beside it in DDL_HOME
-    if paths.tracking_uri() == paths.project_store_uri():  # (mlflow exports MLFLOW_TRACKING_URI itself)
+    if paths.tracking_uri() == paths.project_store_uri():
         location = (paths.artifacts_dir() / name).as_uri()
     try:
         return c.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: TRAINING_KIND})
