@@ -129,13 +129,16 @@ def test_a_two_task_local_job_trains_with_ddp_on_gloo(ddl_home):
 @pytest.mark.slow
 def test_an_installed_wheel_finds_its_configs(tmp_path):
     import os
+    import shutil
     import subprocess
     import sys
     import zipfile
     from pathlib import Path
-    root = Path(__file__).resolve().parent.parent
+    source = tmp_path / "source"          # setuptools builds in the source tree: a copy keeps build/ out of the checkout
+    shutil.copytree(Path(__file__).resolve().parent.parent, source,
+                    ignore=shutil.ignore_patterns(".*", "build", "reports", "*.egg-info", "__pycache__", "mlruns"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp_path), str(root)], check=True, capture_output=True)
+                    str(tmp_path), str(source)], check=True, capture_output=True)
     [wheel] = tmp_path.glob("ddl-*.whl")
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
     site_packages = next(p for p in sys.path if p.endswith("site-packages"))
