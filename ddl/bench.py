@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 from . import paths
-from .model import GPT, ModelConfig
+from .model import GPT, SIZES, ModelConfig
+from .model.config import BF16_PEAK_FLOPS, training_flops
 from .train.distributed import keep_freed_memory
 
 DDL_ARMS = {"ddl_dv1": dict(residual="ddl", dv=1), "ddl_dv4": dict(residual="ddl", dv=4),
@@ -38,7 +39,6 @@ ARMS = {"baseline": dict(residual="baseline"), **DDL_ARMS,
 CPU_SHAPE = dict(n_layer=4, n_head=4, d_model=256, max_seq_len=256, vocab_size=256)
 TARGETS = {"ddl_dv1": 1.05, "ddl_dv4": 1.25}
 MEMORY_TARGET = 1.5
-BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 
 class Arm:
@@ -104,12 +104,12 @@ def model_costs(device: torch.device, shape: dict, batch: int, seq: int, rounds:
         params = arm.model.num_params()
         rows[arm.name] = {"step_ms": 1e3 * median, "time_ratio": median / base_time, "tokens_per_s": tokens / median,
                           "memory_mib": arm.memory / 2 ** 20, "memory_ratio": arm.memory / base.memory,
-                          "params": params, "mfu": 6 * params * tokens / median / peak if peak else None}
+                          "params": params, "mfu": training_flops(params, tokens) / median / peak if peak else None}
     return rows
 
 
 def peak_flops(device: torch.device) -> float | None:
-    """The device's dense bf16 peak, for MFU (6 N FLOPs per token, as the dry run counts), if known."""
+    """The device's dense bf16 peak, for MFU, if known."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
@@ -179,9 +179,7 @@ def logging_cost(step_s: float) -> dict:
     has less slack than in training; and all the work per call, the writes included, measured
     back to back: what logging costs a machine with no core to spare.
     """
-    with tempfile.TemporaryDirectory() as home:
-        os.environ["DDL_HOME"] = home
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    with tempfile.TemporaryDirectory() as home, _environ(DDL_HOME=home, MLFLOW_TRACKING_URI=None):
         metrics = {f"beta/L{i:02d}.{p}/{s}": 1.0 for i in range(4) for p in ("attn", "mlp")
                    for s in ("mean", "std", "frac_gt1")} | {"train/loss": 1.0, "train/lr": 1.0}
         calls = 300
@@ -190,6 +188,24 @@ def logging_cost(step_s: float) -> dict:
         work = (in_calls + in_close) / calls
     return {"loop_wait_ms": 1e3 * waited / calls, "work_ms": 1e3 * work, "metrics_per_call": len(metrics),
             "fraction_of_step": waited / calls / step_s, "work_fraction_of_step": work / step_s}
+
+
+@contextlib.contextmanager
+def _environ(**values: str | None):
+    """Set (a value) or unset (None) environment variables for the block, then restore them."""
+    def apply(settings: dict) -> None:
+        for key, value in settings.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+    before = {key: os.environ.get(key) for key in values}
+    apply(values)
+    try:
+        yield
+    finally:
+        apply(before)
 
 
 def _log_steps(metrics: dict, calls: int, pause_s: float) -> tuple[float, float]:
@@ -272,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
               "config": {**shape, "batch": batch, "seq_len": seq}}
     result["model"] = model_costs(device, shape, batch, seq, rounds, steps, compile_=False)
     if cuda:  # the paper's small size, bf16, compiled and not
-        small = dict(n_layer=12, n_head=6, d_model=768, max_seq_len=1024, vocab_size=50304)
+        small = {**SIZES["small"], "vocab_size": ModelConfig.vocab_size}  # GPT-2's, padded
         for compile_ in (False, True):
             result[f"model_small_bf16{'_compiled' if compile_ else ''}"] = model_costs(device, small, 16, 1024, rounds,
                                                                                          steps, compile_)
@@ -280,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     result["logging"] = logging_cost(result["model"]["baseline"]["step_ms"] / 1e3)
     out = args.out or paths.reports_dir() / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(result, indent=1))
-    (out / "bench.md").write_text(markdown(result))
+    paths.write_atomic(out / "bench.json", json.dumps(result, indent=1))
+    paths.write_atomic(out / "bench.md", markdown(result))
     print(markdown(result))
     print(f"written: {out / 'bench.json'}, {out / 'bench.md'}")
     return 0

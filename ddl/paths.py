@@ -60,3 +60,15 @@ def artifacts_dir() -> Path:
 def reports_dir() -> Path:
     root = project_root()
     return (root / "reports") if root else home() / "reports"
+
+
+def write_atomic(path: Path, data: bytes | str, durable: bool = False) -> None:
+    """Write through a temp file and a rename: a reader sees the old file or the new one, never a
+    torn one. `durable` also fsyncs, so the new content survives a machine crash (data shards)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -36,17 +36,8 @@ SHARD_TOKENS = 1 << 24  # 32 MiB of uint16 per shard
 SPLITS = ("train", "val")
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _write_json(path: Path, obj) -> None:
-    _write_atomic(path, json.dumps(obj, indent=1, sort_keys=True).encode())
+    paths.write_atomic(path, json.dumps(obj, indent=1, sort_keys=True), durable=True)
 
 
 @contextlib.contextmanager
@@ -76,7 +67,7 @@ class _SplitWriter:
             return
         tokens = np.concatenate(self.buffer)
         name = f"{self.split}_{len(self.state['shards']):04d}.bin"
-        _write_atomic(self.work / name, tokens.tobytes())
+        paths.write_atomic(self.work / name, tokens.tobytes(), durable=True)
         self.state["shards"].append({"file": name, "tokens": int(tokens.size),
                                      "sha256": hashlib.sha256(tokens.tobytes()).hexdigest()})
         self.state["tokens"] += int(tokens.size)

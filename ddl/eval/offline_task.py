@@ -10,7 +10,6 @@ genuine evaluation with no Hub. Deterministic: the same bytes every time.
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 
@@ -66,18 +65,12 @@ metadata:
 """
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def ensure_task_dir() -> Path:
     """DDL_HOME/eval_tasks: the offline task's JSONL and YAML (lm-eval's include_path)."""
     directory = paths.home() / "eval_tasks"
     directory.mkdir(parents=True, exist_ok=True)
     data = directory / f"{OFFLINE_TASK}.jsonl"
     if not data.is_file():
-        _write(data, "".join(json.dumps(item, sort_keys=True) + "\n" for item in build_items()))
-    _write(directory / f"{OFFLINE_TASK}.yaml", TASK_YAML.format(task=OFFLINE_TASK, data=data))
+        paths.write_atomic(data, "".join(json.dumps(item, sort_keys=True) + "\n" for item in build_items()))
+    paths.write_atomic(directory / f"{OFFLINE_TASK}.yaml", TASK_YAML.format(task=OFFLINE_TASK, data=data))
     return directory

@@ -27,7 +27,7 @@ from .configs import ConfigError
 from .spec import Job, run_config
 from .table import job_table, live_table, summary_table
 
-H100_BF16_FLOPS, ASSUMED_MFU = 989e12, 0.40
+ASSUMED_MFU = 0.40
 
 
 class SweepFailed(RuntimeError):
@@ -141,7 +141,7 @@ class SweepLauncher(BaseSubmititLauncher):
     @staticmethod
     def estimate(job: Job) -> tuple[int, int, float]:
         """(parameters, tokens, GPU-hours at ASSUMED_MFU of an H100's bf16 peak, 6*N*D FLOPs)."""
-        from ..model import param_count
+        from ..model.config import BF16_PEAK_FLOPS, param_count, training_flops
         n_params = param_count(job.run.model)
         tokens = job.run.train.steps * job.run.train.batch_tokens
-        return n_params, tokens, 6 * n_params * tokens / (H100_BF16_FLOPS * ASSUMED_MFU) / 3600
+        return n_params, tokens, training_flops(n_params, tokens) / (BF16_PEAK_FLOPS["H100"] * ASSUMED_MFU) / 3600

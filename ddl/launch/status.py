@@ -6,9 +6,10 @@ Written atomically by the job's rank 0; readable the same way on a laptop or a s
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
+
+from .. import paths
 
 FILE = "status.json"
 DONE = "done.json"
@@ -18,9 +19,7 @@ def write(run_dir: Path, **fields) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     current = read(run_dir)
     current.update(fields, updated=time.time())
-    tmp = run_dir / f".{FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(current))
-    os.replace(tmp, run_dir / FILE)
+    paths.write_atomic(run_dir / FILE, json.dumps(current))
 
 
 def read(run_dir: Path) -> dict:
@@ -44,9 +43,7 @@ def mark_done(run_dir: Path, experiment: str, entry: dict) -> None:
     except (FileNotFoundError, json.JSONDecodeError):
         done = {}
     done[experiment] = entry
-    tmp = run_dir / f".{DONE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(done, indent=1))
-    os.replace(tmp, run_dir / DONE)
+    paths.write_atomic(run_dir / DONE, json.dumps(done, indent=1))
 
 
 class StatusLogger:

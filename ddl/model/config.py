@@ -179,3 +179,12 @@ def param_count(cfg: ModelConfig) -> int:
     d, hidden = cfg.d_model, (8 * cfg.d_model) // 3
     block = 4 * d * d + 3 * d * hidden + 2 * d + 2 * cfg.head_dim   # attention, SwiGLU, 2 norms, QK norms
     return cfg.vocab_size * d + cfg.n_layer * block + d + ddl_extra_params(cfg)
+
+
+# Dense bf16 peak FLOP/s of the GPUs the project plans for: MFU in the bench, GPU-hours in dry runs.
+BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def training_flops(n_params: int, tokens: int) -> float:
+    """Forward + backward FLOPs of training on `tokens` tokens: 6 N per token."""
+    return 6.0 * n_params * tokens
