@@ -76,13 +76,23 @@ class FusedDeltaUpdate(torch.autograd.Function):
             g_v = g_delta * b * s
             g_beta = (g_delta * r).sum(-1, keepdim=True) * s
             g_X = torch.addcmul(G, g_v.unsqueeze(-1), k, value=-s)
-            g_k = _sum_over_values(b * r * s, G) - s * _sum_over_values(g_v, Xa)
+            g_k = _sum_over_values((b * r * s, G), (-s * g_v, Xa))
         return g_X.to(X.dtype), g_k.to(k_hat.dtype), g_beta.to(beta.dtype), g_v.to(ctx.v_dtype), None
 
 
-def _sum_over_values(w: torch.Tensor, M: torch.Tensor) -> torch.Tensor:
-    """sum_j w[..., j] M[..., j, :]: (B,T,dv) and (B,T,dv,d) -> (B,T,d)."""
-    return w * M.squeeze(-2) if M.size(-2) == 1 else (w.unsqueeze(-2) @ M).squeeze(-2)
+def _sum_over_values(*terms: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The sum over terms (w, M) of sum_j w[..., j] M[..., j, :]: (B,T,dv), (B,T,dv,d) -> (B,T,d).
+
+    One multiply-add per value channel into one accumulator: a strided pass over each M, cheaper
+    than B*T tiny (1,dv) @ (dv,d) matmuls or a state-sized product."""
+    total = None
+    for w, M in terms:
+        for j in range(M.size(-2)):
+            if total is None:
+                total = torch.mul(M[..., j, :], w[..., j:j + 1])
+            else:
+                total.addcmul_(M[..., j, :], w[..., j:j + 1])
+    return total
 
 
 def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
