@@ -73,6 +73,22 @@ def test_offline_task_columns_figures_and_html(report):
     assert "report:" in stdout and "Micro Valid Loss" in stdout
 
 
+@pytest.mark.slow
+def test_runs_that_differ_in_a_setting_are_rows_not_seeds(report):
+    out_dir, _, _ = report
+    sweep = run_cli("ddl-run", "-m", "beta_init=0.5,1.5", "model=micro", "train=smoke", "experiment=variants")
+    assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-2000:]
+    out = run_cli("ddl-report", "--experiment", "variants", "--out", str(out_dir.parent))
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = cells(out_dir.parent / "variants" / "table3.csv")
+    runs = {r.data.params["model.beta_init"]: r for r in mlflow_runs("variants")}
+    for beta, run in runs.items():
+        cell = table[f"ddl_dv1 model.beta_init={beta}", "micro/val_loss"]
+        assert cell["n_seeds"] == "1" and float(cell["mean"]) == pytest.approx(run.data.metrics["final/val/loss"])
+    assert len(runs) == 2 and ("ddl_dv1", "micro/val_loss") not in table
+    assert "| DDL (d_v=1) model.beta_init=0.5 |" in (out_dir.parent / "variants" / "table3.md").read_text()
+
+
 def test_ties_share_their_rank():
     from ddl.report.tables import Cell, Column, Table
     table = Table("t", "t", ["a", "b", "c", "d"], [Column("acc", "Acc", True), Column("loss", "Loss", False)])

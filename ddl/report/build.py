@@ -16,7 +16,7 @@ import pandas as pd
 
 from . import render
 from .figures import loss_curves
-from .tables import Table, accuracy_table, evaluated, loss_table
+from .tables import Table, accuracy_table, evaluated, loss_table, variant_rows
 
 SIZE_ORDER = ["small", "medium", "tiny", "micro"]
 
@@ -41,6 +41,7 @@ def _unit(runs: pd.DataFrame) -> str:
 
 
 def build(experiment: str, runs: pd.DataFrame, histories: pd.DataFrame, out_root: Path) -> Report:
+    runs = runs.assign(row=variant_rows(runs))
     sizes, unit = _sizes(runs), _unit(runs)
     tables = [loss_table(runs, sizes, unit)]
     for shots, tasks in evaluated(runs):

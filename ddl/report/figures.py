@@ -17,7 +17,7 @@ def loss_curves(runs: pd.DataFrame, histories: pd.DataFrame, size: str, unit: st
     subset = runs[runs["params.model.size"] == size]
     fig, axes = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
     for ax, key, label in ((axes[0], "train/loss", "training loss"), (axes[1], "val/loss", "validation loss")):
-        for row, group in subset.groupby("params.model.row", sort=False):
+        for row, group in subset.groupby("row", sort=False):
             curve = histories[(histories["run_id"].isin(group["run_id"])) & (histories["key"] == key)]
             if curve.empty:
                 continue

@@ -63,7 +63,24 @@ def paper_values() -> pd.DataFrame:
 
 
 def row_label(row: str) -> str:
-    return PAPER_ROWS.get(row, row)
+    """'ddl_dv1 beta_init=0.5' -> 'DDL (d_v=1) beta_init=0.5'."""
+    base, _, settings = row.partition(" ")
+    return " ".join(filter(None, (PAPER_ROWS.get(base, base), settings)))
+
+
+NOT_SETTINGS = {"params.seed", "params.model.size", "params.model.row"}
+
+
+def variant_rows(runs: pd.DataFrame) -> pd.Series:
+    """Each run's table row: its paper row, plus the settings in which it differs from the other
+    runs of that row and size (`ddl_dv1 beta_init=0.5`). A cell averages only over seeds."""
+    rows = runs["params.model.row"].astype(str)
+    settings = [c for c in runs.columns if c.startswith("params.") and c not in NOT_SETTINGS]
+    for _, group in runs.groupby(["params.model.size", "params.model.row"], sort=False):
+        varying = [c for c in settings if group[c].nunique(dropna=False) > 1]
+        for index, run in group[varying].iterrows():
+            rows[index] += "".join(f" {c.removeprefix('params.')}={value}" for c, value in run.items())
+    return rows
 
 
 def _cell(runs: pd.DataFrame, metric: str, scale: float) -> Cell:
@@ -83,8 +100,14 @@ def _cell(runs: pd.DataFrame, metric: str, scale: float) -> Cell:
 
 
 def _rows(runs: pd.DataFrame) -> list[str]:
-    present = list(dict.fromkeys(runs["params.model.row"]))
-    return list(PAPER_ROWS) + [r for r in present if r not in PAPER_ROWS]
+    """The paper's rows in its order (each replaced by its variants where runs differ in settings),
+    then any other rows."""
+    present = sorted(set(runs["row"]))
+    ordered = []
+    for paper_row in PAPER_ROWS:
+        variants = [r for r in present if r.partition(" ")[0] == paper_row]
+        ordered += variants if variants and variants != [paper_row] else [paper_row]
+    return ordered + [r for r in dict.fromkeys(runs["row"]) if r not in ordered]
 
 
 def loss_table(runs: pd.DataFrame, sizes: list[str], unit: str) -> Table:
@@ -96,7 +119,7 @@ def loss_table(runs: pd.DataFrame, sizes: list[str], unit: str) -> Table:
                   note=f"Loss in {unit}. Paper values: FineWeb-Edu, GPT-2 tokens.")
     for row in table.rows:
         for size in sizes:
-            subset = runs[(runs["params.model.size"] == size) & (runs["params.model.row"] == row)]
+            subset = runs[(runs["params.model.size"] == size) & (runs["row"] == row)]
             for metric, source in (("val_loss", "val/loss"), ("val_ppl", "val/ppl")):
                 cell = _cell(subset, f"final/{source}", 1.0)
                 match = paper.query("size == @size and model == @row and metric == @metric")["value"]
@@ -117,7 +140,7 @@ def accuracy_table(runs: pd.DataFrame, size: str, shots: int, tasks: list[str]) 
     title = f"{label}: {size} models, {shots}-shot accuracy (%) with lm-evaluation-harness"
     table = Table(name, title, _rows(runs), columns, note="Metric per task: see ddl/eval/suites.py.")
     for row in table.rows:
-        subset = runs[(runs["params.model.size"] == size) & (runs["params.model.row"] == row)]
+        subset = runs[(runs["params.model.size"] == size) & (runs["row"] == row)]
         for task in tasks:
             cell = _cell(subset, f"eval/{shots}shot/{task}/reported", 100.0)
             match = paper.query("model == @row and task == @task")["value"]
