@@ -47,16 +47,16 @@ def data_root(tmp_path_factory):
 
 
 class SignalAt(Recorder):
-    """Sends this process SIGTERM once the trainer has logged `step`."""
+    """Sends this process `signum` once the trainer has logged `step`."""
 
-    def __init__(self, step):
+    def __init__(self, step, signum=signal.SIGTERM):
         super().__init__()
-        self.step = step
+        self.step, self.signum = step, signum
 
     def log_metrics(self, metrics, step):
         super().log_metrics(metrics, step)
         if step == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), self.signum)
 
 
 @pytest.fixture
@@ -105,6 +105,17 @@ def test_a_signal_writes_a_checkpoint_then_stops(tmp_path, data_root, sigterm_de
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL                      # handlers restored
 
 
+def test_a_signal_the_process_ignores_stays_ignored(tmp_path, data_root):
+    previous = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    try:
+        recorder = SignalAt(3, signal.SIGUSR1)
+        train(micro_run(ckpt_every=1000), tmp_path, recorder, "sig", data_root=data_root)
+        assert [s for s, _ in recorder.losses()] == list(range(1, 9))
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
 def test_lr_schedule_and_weight_decay_groups():
     cfg = TrainConfig(steps=100, warmup_steps=10, lr=1e-3, min_lr_ratio=0.1)
     assert lr_at(0, cfg) == pytest.approx(1e-4) and lr_at(9, cfg) == pytest.approx(1e-3)
@@ -151,8 +162,48 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_pat
         assert math.isclose(a, b, rel_tol=1e-4)
 
 
+DDP_SIGNAL_SCRIPT = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    from tests.test_train import Recorder, micro_run
+    import ddl.train.loop as loop
+    out, data_root = Path(sys.argv[1]), Path(sys.argv[2])
+    if os.environ["RANK"] == "1":            # only rank 1 is signalled, while it draws step 3's batch
+        draw, calls = loop.BatchLoader.next_batch, []
+        def next_batch(self):
+            calls.append(1)
+            if len(calls) == 3:
+                os.kill(os.getpid(), signal.SIGUSR1)
+            return draw(self)
+        loop.BatchLoader.next_batch = next_batch
+    try:
+        loop.train(micro_run(micro_batch=2, batch_tokens=4 * 32, ckpt_every=1000), out, Recorder(), "sig",
+                   data_root=data_root)
+    except loop.Interrupted as err:
+        (out / f"rank{os.environ['RANK']}.txt").write_text(str(err))
+""")
+
+
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, data_root):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-c", DDP_SIGNAL_SCRIPT, str(tmp_path), str(data_root)],
+                              env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "DDL_CPUS": "1",
+                                   "PYTHONPATH": os.getcwd()})
+             for r in range(2)]
+    assert [p.wait(timeout=180) for p in procs] == [0, 0]
+    for rank in (0, 1):
+        assert (tmp_path / f"rank{rank}.txt").read_text().startswith("stopped by SIGUSR1 at step 3;")
+    assert checkpoint.load(checkpoint.latest(tmp_path))["step"] == 3
+
+
 @pytest.mark.parametrize("kwargs, key", [(dict(steps=-5), "train.steps"), (dict(batch_tokens=1000), "train.batch_tokens"),
-                                         (dict(lr=5.0), "train.lr"), (dict(device="tpu"), "train.device")])
+                                         (dict(lr=5.0), "train.lr"), (dict(lr=0.0), "train.lr"),
+                                         (dict(grad_clip=0.0), "train.grad_clip"),
+                                         (dict(eval_tokens=64, seq_len=128), "train.eval_tokens"),
+                                         (dict(device="tpu"), "train.device")])
 def test_invalid_train_configs(kwargs, key):
     with pytest.raises(ValueError, match=rf"^{key}="):
         TrainConfig(**kwargs)

@@ -19,6 +19,8 @@ from ..data import DataConfig
 from ..model import model_config
 from .config import RunConfig, TrainConfig
 
+GROUPS = ("model", "data", "train")
+
 
 def main(argv: list[str]) -> int:
     from .loggers import ConsoleLogger, JsonlLogger, MultiLogger
@@ -26,6 +28,11 @@ def main(argv: list[str]) -> int:
 
     try:
         args = OmegaConf.to_container(OmegaConf.from_dotlist(argv))
+        for key, value in args.items():
+            if key not in GROUPS + ("seed",):
+                raise ValueError(f"{key}={value}: unknown key; the keys are {', '.join(GROUPS)}.<field> and seed")
+            if key in GROUPS and not isinstance(value, dict):
+                raise ValueError(f"{key}={value}: set its fields, as {key}.<field>=<value>")
         model_args, data = dict(args.get("model", {})), DataConfig(**args.get("data", {}))
         model = model_config(model_args.pop("size", "tiny"), vocab_size=data.model_vocab_size(), **model_args)
         run = RunConfig(model, data, TrainConfig(**args.get("train", {})), args.get("seed", 0))

@@ -16,30 +16,36 @@ def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def rng_state() -> dict:
+def rng_state(device: torch.device) -> dict:
+    """The generators' states; on CUDA only the training device's (touching every visible GPU
+    would open a context on each, from every rank)."""
     _, keys, pos, _, _ = np.random.get_state()
     state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
              "numpy": torch.from_numpy(keys.astype(np.int64)), "numpy_pos": int(pos)}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def restore_rng(state: dict) -> None:
+def restore_rng(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate((3, tuple(state["python"]), None))
     np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if device.type == "cuda" and isinstance(state.get("cuda"), torch.Tensor):
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def save(run_dir: Path, state: dict, keep: int) -> Path:
-    """Write step_<n>.pt via temp file + rename, then drop all but the newest `keep`."""
+    """Write step_<n>.pt via temp file, fsync and rename, then drop all but the newest `keep`: the
+    older ones go only once the new one is on disk (a node crash leaves a whole checkpoint)."""
     directory = checkpoint_dir(run_dir)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"step_{state['step']:08d}.pt"
     tmp = path.with_suffix(".pt.tmp")
-    torch.save(state, tmp)
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
     for old in sorted(directory.glob(PATTERN))[:-keep]:
         old.unlink()

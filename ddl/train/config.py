@@ -23,6 +23,10 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# When a run logs, validates and checkpoints: none of it changes the weights it learns.
+BOOKKEEPING = ("log_every", "eval_every", "ckpt_every", "keep_checkpoints")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = 300
@@ -55,11 +59,17 @@ class TrainConfig:
         if self.batch_tokens % (self.micro_batch * self.seq_len):
             _fail("batch_tokens", self.batch_tokens,
                   f"must be a multiple of micro_batch*seq_len = {self.micro_batch * self.seq_len}")
-        for key, low, high in (("lr", 0.0, 1.0), ("min_lr_ratio", 0.0, 1.0), ("beta1", 0.0, 1.0),
-                               ("beta2", 0.0, 1.0), ("weight_decay", 0.0, 10.0), ("grad_clip", 0.0, 1e9)):
+        for key, low, high, low_open in (("lr", 0.0, 1.0, True), ("min_lr_ratio", 0.0, 1.0, False),
+                                         ("beta1", 0.0, 1.0, False), ("beta2", 0.0, 1.0, False),
+                                         ("weight_decay", 0.0, 10.0, False), ("grad_clip", 0.0, 1e9, True)):
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-                _fail(key, value, f"must be a number in [{low:g}, {high:g}]")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high \
+                    or (low_open and value == low):
+                _fail(key, value, f"must be a number in {'(' if low_open else '['}{low:g}, {high:g}]")
+        if self.eval_tokens < self.seq_len:
+            _fail("eval_tokens", self.eval_tokens, f"must be >= seq_len={self.seq_len} (one validation window)")
+        if not isinstance(self.compile, bool):
+            _fail("compile", self.compile, "must be true or false")
         if self.device not in ("auto", "cpu", "cuda"):
             _fail("device", self.device, "must be one of auto, cpu, cuda")
 
@@ -96,8 +106,13 @@ class RunConfig:
         return cls(ModelConfig(**d["model"]), DataConfig(**d["data"]), TrainConfig(**d["train"]), d["seed"])
 
     def effective_dict(self) -> dict:
-        """What changes the numbers: the signature is a hash of this."""
-        return RunConfig(self.model.effective(), self.data, self.train, self.seed).to_dict()
+        """What changes the numbers: the signature is a hash of this (and the MLflow params are it).
+        Not in it: the data fields the source ignores, and when the run logs, validates and saves."""
+        effective = RunConfig(self.model.effective(), self.data, self.train, self.seed).to_dict()
+        effective["data"] = self.data.source_params()
+        for key in BOOKKEEPING:
+            del effective["train"][key]
+        return effective
 
     def signature(self) -> str:
         """A short hash of the effective config: names the run's directory, dedups and resumes sweeps."""

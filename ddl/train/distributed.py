@@ -31,6 +31,8 @@ def init_distributed(device_type: str) -> DistInfo:
     if world_size == 1:
         return DistInfo()
     info = DistInfo(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), world_size)
+    if device_type == "cuda":  # before NCCL starts: else every rank's communicator sits on GPU 0
+        torch.cuda.set_device(info.local_rank)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo", rank=info.rank, world_size=world_size)
     return info
@@ -41,6 +43,16 @@ def all_reduce_mean(values: torch.Tensor, info: DistInfo) -> torch.Tensor:
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
         values /= info.world_size
     return values
+
+
+def any_rank_signal(received: int | None, info: DistInfo, device: torch.device) -> int | None:
+    """The signal some rank received by this step boundary (the highest number), or None: ranks
+    that stopped at different steps would leave the others waiting in the next all-reduce."""
+    if info.world_size == 1:
+        return received
+    flag = torch.tensor(received or 0, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item()) or None
 
 
 def cpu_threads() -> int:

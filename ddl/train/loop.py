@@ -16,7 +16,7 @@ from ..data import BatchLoader, open_dataset, prepare, val_batches
 from ..model import GPT
 from . import checkpoint
 from .config import RunConfig, TrainConfig
-from .distributed import DistInfo, all_reduce_mean, cpu_threads, init_distributed, keep_freed_memory
+from .distributed import DistInfo, all_reduce_mean, any_rank_signal, cpu_threads, init_distributed, keep_freed_memory
 from .loggers import MetricLogger
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
@@ -33,16 +33,18 @@ class Interrupted(RuntimeError):
 @dataclass
 class RunResult:
     final: dict[str, float]
-    steps: int
-    tokens: int
+    steps: int                       # the run's step count
+    tokens: int                      # tokens trained on in this call (0 when it resumed a finished run)
     seconds: float
     resumed_from: int | None = None
-    checkpoint: str | None = None
+    checkpoint: str | None = None    # the run's newest checkpoint, also when this call resumed a finished run
+    device: str = "cpu"
     extra: dict = field(default_factory=dict)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to lr, then cosine to lr * min_lr_ratio at the last step."""
+    """The lr of optimizer step `step` (0-based): linear warmup to lr over warmup_steps, then a
+    cosine that reaches lr * min_lr_ratio at step == steps, one past the last update."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
@@ -60,7 +62,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 class _DeferredSignals:
-    """Turn SIGINT/SIGTERM/SIGUSR1/SIGUSR2 into a flag read at step boundaries.
+    """Turn SIGINT/SIGTERM/SIGUSR1/SIGUSR2 into a flag read at step boundaries (a signal the
+    process was started ignoring stays ignored).
 
     After the trainer checkpoints, `hand_over` restores the previous handlers and passes the
     signal on: submitit's SIGUSR2 handler then requeues the job, Python's SIGINT handler raises
@@ -76,7 +79,8 @@ class _DeferredSignals:
     def __enter__(self):
         with contextlib.suppress(ValueError):  # only the main thread may install handlers
             for sig in HANDLED_SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
+                if signal.getsignal(sig) != signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum, frame):
@@ -87,24 +91,16 @@ class _DeferredSignals:
             signal.signal(sig, handler)
         self._previous = {}
 
-    def hand_over(self, step: int, path: Path) -> None:
-        signum, previous = self.received, self._previous.get(self.received, signal.SIG_DFL)
+    def hand_over(self, signum: int, step: int, path: Path) -> None:
+        previous = self._previous.get(signum, signal.SIG_DFL)
         self.__exit__()
-        if callable(previous):
-            previous(signum, None)      # may requeue+exit (submitit) or raise KeyboardInterrupt
-            if signum == signal.SIGTERM:  # a scheduler's kill follows SIGTERM: leave on our checkpoint
-                raise SystemExit(128 + signum)
-            self.received = None
-            self.__enter__()            # the previous handler chose to carry on: so do we
-            return
-        if previous != signal.SIG_IGN:
+        if not callable(previous):
             raise Interrupted(f"stopped by {signal.Signals(signum).name} at step {step}; checkpoint {path}")
-
-
-def _device(cfg: TrainConfig, info: DistInfo) -> torch.device:
-    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda", info.local_rank)
-    return torch.device("cpu")
+        previous(signum, None)          # may requeue+exit (submitit) or raise KeyboardInterrupt
+        if signum == signal.SIGTERM:    # a scheduler's kill follows SIGTERM: leave on our checkpoint
+            raise SystemExit(128 + signum)
+        self.received = None
+        self.__enter__()                # the previous handler chose to carry on: so do we
 
 
 @torch.no_grad()
@@ -131,9 +127,11 @@ def train(run: RunConfig, run_dir: Path, logger: MetricLogger, signature: str, *
     run_dir = Path(run_dir)
     torch.set_num_threads(cpu_threads())
     keep_freed_memory()
-    info = init_distributed("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-                            else "cpu")
-    device = _device(cfg, info)
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if cuda and not torch.cuda.is_available():
+        raise ValueError("train.device='cuda': this machine has no CUDA device (use auto or cpu)")
+    info = init_distributed("cuda" if cuda else "cpu")
+    device = torch.device("cuda", info.local_rank) if cuda else torch.device("cpu")
     if info.world_size > 1:
         print(f"rank {info.rank}/{info.world_size}: joined the {torch.distributed.get_backend()} process group",
               flush=True)
@@ -160,7 +158,7 @@ def train(run: RunConfig, run_dir: Path, logger: MetricLogger, signature: str, *
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         loader.load_state_dict(state["loader"])
-        checkpoint.restore_rng(state["rng"])
+        checkpoint.restore_rng(state["rng"], device)
         step = resumed_from = state["step"]
 
     ddp = DistributedDataParallel(model) if info.world_size > 1 else None
@@ -175,9 +173,9 @@ def train(run: RunConfig, run_dir: Path, logger: MetricLogger, signature: str, *
         return checkpoint.save(run_dir, {
             "step": at_step, "signature": signature, "run": run.to_dict(), "dataset": str(dataset.path),
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "loader": loader_state, "rng": checkpoint.rng_state()}, cfg.keep_checkpoints)
+            "loader": loader_state, "rng": checkpoint.rng_state(device)}, cfg.keep_checkpoints)
 
-    started, tokens_seen, last_path = time.time(), 0, None
+    started, tokens_seen, last_path = time.time(), 0, found
     final: dict[str, float] = {}
     model.train()
     with _DeferredSignals() as signals:
@@ -219,10 +217,11 @@ def train(run: RunConfig, run_dir: Path, logger: MetricLogger, signature: str, *
             if metrics and info.is_main:
                 logger.log_metrics(metrics, step)
             final.update(metrics)
-            if step % cfg.ckpt_every == 0 or step == cfg.steps or signals.received is not None:
+            stop = any_rank_signal(signals.received, info, device)   # all ranks stop at the same step
+            if step % cfg.ckpt_every == 0 or step == cfg.steps or stop:
                 last_path = save(step, loader.state_dict())
-            if signals.received is not None:
-                signals.hand_over(step, last_path)
+            if stop:
+                signals.hand_over(stop, step, last_path)
     if "val/loss" not in final:                                           # resumed an already finished run
         val_loss = evaluate_loss(model, dataset.val, cfg, device, info, autocast)
         final.update({"val/loss": val_loss, "val/ppl": math.exp(min(val_loss, 50.0)),
@@ -231,5 +230,5 @@ def train(run: RunConfig, run_dir: Path, logger: MetricLogger, signature: str, *
         torch.distributed.destroy_process_group()
     keep = ("train/loss", "val/loss", "val/ppl", "val/bpb", "beta/mean", "beta/frac_gt1")
     return RunResult({k: final[k] for k in keep if k in final}, step, tokens_seen, time.time() - started,
-                     resumed_from, str(last_path) if last_path else None,
+                     resumed_from, str(last_path) if last_path else None, device.type,
                      {"unigram_xent_val": dataset.manifest["unigram_xent_val"], "dataset": str(dataset.path)})
