@@ -73,9 +73,9 @@ def _run_one(cfg):
     from .launch.job import run_task
     if cfg.dry_run:
         from .launch.launcher import SweepLauncher
-        from .launch.spec import Job, run_config
+        from .launch.spec import Job
         from .launch.table import job_table
-        job_table([Job([], run_config(cfg), cfg.experiment)], SweepLauncher.estimate).print()
+        job_table([Job.from_config(cfg)], SweepLauncher.estimate).print()
         return None
     return run_task(cfg)
 

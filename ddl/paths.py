@@ -40,10 +40,6 @@ def runs_dir() -> Path:
     return home() / "runs"
 
 
-def sweeps_dir() -> Path:
-    return home() / "sweeps"
-
-
 def project_store_uri() -> str:
     return f"sqlite:///{home() / 'mlflow.db'}"
 

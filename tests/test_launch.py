@@ -34,6 +34,31 @@ def test_the_users_sweep_runs_three_distinct_jobs_then_skips_them(ddl_home, tmp_
     assert len(mlflow_runs("default")) == 3
 
 
+@pytest.mark.slow
+def test_a_job_finished_in_another_experiment_is_reused_with_its_curves_and_evaluated(ddl_home):
+    """Same signature, new experiment: no training, but the new run holds the curves of the run that
+    trained it and the evaluation asked for; re-run in the first experiment with an evaluation, the
+    job reopens that experiment's run and adds it."""
+    from ddl.track import store
+    assert run_cli("ddl-run", *SMOKE, "experiment=first").returncode == 0
+    [first] = mlflow_runs("first")
+    evaluate = ["eval=offline", "eval.limit=5"]
+    second = run_cli("ddl-run", *SMOKE, "experiment=second", *evaluate)
+    assert second.returncode == 0, second.stderr[-3000:]
+    [run] = mlflow_runs("second")
+    c = store.client()
+    assert run.info.status == "FINISHED" and run.data.tags["ddl.history_from"] == first.info.run_id
+    curve = [(m.step, m.value) for m in c.get_metric_history(first.info.run_id, "train/loss")]
+    assert len(curve) > 1 and [(m.step, m.value) for m in c.get_metric_history(run.info.run_id, "train/loss")] == curve
+    assert "eval/0shot/ddl_continuation/reported" in run.data.metrics and "ddl.eval_error" not in run.data.tags
+    again = run_cli("ddl-run", *SMOKE, "experiment=first", *evaluate)
+    assert again.returncode == 0 and "skipped" not in again.stdout, again.stdout[-3000:]
+    [reopened] = mlflow_runs("first")
+    assert reopened.info.run_id == first.info.run_id and reopened.info.status == "FINISHED"
+    assert "eval/0shot/ddl_continuation/reported" in reopened.data.metrics
+    assert "skipped" in run_cli("ddl-run", *SMOKE, "experiment=first", *evaluate).stdout
+
+
 def test_the_mlflow_logger_writes_every_metric_of_every_step_in_the_background(ddl_home):
     """Batches go to MLflow's logging thread (several in flight over the run); close() waits for
     them, and the store then holds each step's values, in order."""
@@ -103,6 +128,11 @@ def test_an_unavailable_hub_task_keeps_the_training_results(ddl_home, tmp_path):
     ("foo=1", "foo: unknown key"),
     ("residual=sum", "residual='sum': must be one of baseline, ddl"),
     ("data.tokenizer=words", "data.tokenizer='words': must be one of byte, bpe, gpt2"),
+    ("data=files", "data.files=???: needs a value"),
+    ("+train.lrr=1", "train.lrr=1: unknown key; train has batch_tokens"),
+    ("+lr=3", "lr=3: unknown key; the keys are model, data, train"),
+    ("eval=offline eval.shots=[one]", "eval.shots=['one']: must be a list of integers >= 0"),
+    ("experiment=", "experiment='': must be a non-empty name"),
 ])
 @pytest.mark.parametrize("mode", [[], ["-m"]])
 def test_invalid_overrides_get_one_line_and_no_run(ddl_home, override, message, mode):

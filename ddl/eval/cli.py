@@ -24,27 +24,42 @@ def _resolve(target: str) -> Path:
 
 
 def _download(tasks: list[str]) -> int:
+    """Fill the Hugging Face cache with the tasks' datasets (the offline task needs none)."""
     os.environ["HF_DATASETS_OFFLINE"] = os.environ["HF_HUB_OFFLINE"] = "0"
-    from lm_eval.tasks import TaskManager, get_task_dict
-    get_task_dict(tasks, TaskManager())
-    print(f"cached: {', '.join(tasks)}")
+    from lm_eval.tasks import get_task_dict
+    from .harness import check_known, task_manager
+    hub_tasks = [t for t in tasks if t != OFFLINE_TASK]
+    manager = task_manager()
+    try:
+        check_known(hub_tasks, manager)
+        get_task_dict(hub_tasks, manager)
+    except Exception as err:
+        print(f"ddl-eval: error: download of {' '.join(hub_tasks)} failed: {type(err).__name__}: {err}".splitlines()[0])
+        return 1
+    print(f"cached: {', '.join(hub_tasks) or 'nothing to download'}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ddl-eval", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("target", help="run signature, run directory, checkpoint file, or 'download'")
-    parser.add_argument("--tasks", nargs="+", default=[OFFLINE_TASK], help=f"lm-eval tasks (paper: {' '.join(PAPER_TASKS)})")
+    parser.add_argument("--tasks", nargs="+", default=None,
+                        help=f"lm-eval tasks (default: {OFFLINE_TASK} to evaluate, the paper's {' '.join(PAPER_TASKS)} "
+                             "to download)")
     parser.add_argument("--shots", nargs="+", type=int, default=[0])
     parser.add_argument("--limit", type=int, default=None, help="items per task (smoke checks)")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
     args = parser.parse_args(argv)
     if args.target == "download":
-        return _download(args.tasks)
+        return _download(args.tasks or list(PAPER_TASKS))
+    import torch
     from .harness import evaluate
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         target = _resolve(args.target)
-        result = evaluate(target, args.tasks, args.shots, batch_size=args.batch_size, limit=args.limit)
+        result = evaluate(target, args.tasks or [OFFLINE_TASK], args.shots, batch_size=args.batch_size,
+                          limit=args.limit, device=device)
     except ValueError as err:
         print(f"ddl-eval: error: {err}")
         return 2

@@ -10,7 +10,7 @@ from .suites import OFFLINE_TASK, reported_metric
 
 
 class TaskUnavailable(ValueError):
-    """A requested lm-eval task cannot be loaded here (its dataset is not cached)."""
+    """A requested lm-eval task cannot be loaded here: unknown to lm-eval, or its dataset is not cached."""
 
 
 @dataclass
@@ -36,6 +36,16 @@ def task_manager():
     return TaskManager(include_path=str(ensure_task_dir()))
 
 
+def check_known(tasks: list[str], manager) -> None:
+    """A misspelt task is one line naming it and the nearest names lm-eval knows."""
+    import difflib
+    for task in tasks:
+        if task not in manager.all_tasks:
+            near = difflib.get_close_matches(task, manager.all_tasks, n=3)
+            raise TaskUnavailable(f"eval.tasks={task!r}: not an lm-eval task" + (f"; did you mean {', '.join(near)}?"
+                                                                                  if near else ""))
+
+
 def load_tasks(tasks: list[str], manager):
     """Load every task up front from local files / the HF cache; a missing one is one clear line.
 
@@ -43,6 +53,7 @@ def load_tasks(tasks: list[str], manager):
     the allocation): `ddl-eval download` fills the cache on a connected machine.
     """
     from lm_eval.tasks import get_task_dict
+    check_known(tasks, manager)
     loaded = {}
     for task in tasks:
         try:

@@ -16,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from .. import paths
 from . import status
-from .spec import Job, run_config
+from .configs import ConfigError
+from .spec import Job
 
 
 def _git() -> tuple[str, str]:
@@ -57,11 +58,12 @@ def _tags(job: Job, launcher: str) -> dict:
 
 
 def run_task(cfg: DictConfig) -> dict:
-    job = Job(overrides=[], run=run_config(cfg), experiment=cfg.experiment)
+    job = Job.from_config(cfg)
     signature, run_dir = job.signature, paths.runs_dir() / job.signature
     launcher = _join_submitit_ddp()
     is_main = os.environ.get("RANK", "0") == "0"
-    done = status.finished_in(run_dir, job.experiment)
+    evaluations = job.evaluation.evaluations()
+    done = status.finished_in(run_dir, job.experiment, evaluations)
     if done:
         print(f"{job.name} [{signature}]: already finished in '{job.experiment}' (MLflow run {done['run_id']}); skipped")
         return {"signature": signature, "status": "skipped", **done}
@@ -72,7 +74,10 @@ def run_task(cfg: DictConfig) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     run_id = None
     if is_main:
-        run_id = store.open_run(job.experiment, signature, job.name, job.params(), _tags(job, launcher))
+        try:
+            run_id = store.open_run(job.experiment, signature, job.name, job.params(), _tags(job, launcher))
+        except ValueError as err:   # a deleted experiment
+            raise ConfigError(str(err)) from None
         status.write(run_dir, state="running", name=job.name, run_id=run_id, error=None)
     log_path = run_dir / "train.log"
     with open(log_path, "a", encoding="utf-8") as log_file:
@@ -86,25 +91,28 @@ def run_task(cfg: DictConfig) -> dict:
             final = dict(result.final)
             summary = {f"final/{k}": v for k, v in final.items()}   # the report's numbers
             texts = {"config.yaml": OmegaConf.to_yaml(cfg, resolve=True)}
-            eval_error = None
-            if cfg.eval.tasks and is_main:
+            eval_error, evaluated = None, []
+            if is_main and result.resumed_from:     # trained (partly) under another experiment's run
+                store.inherit_history(run_id, signature, result.resumed_from)
+            if evaluations and is_main:
                 try:
-                    scores, results_json = _evaluate(cfg, result.checkpoint)
-                except ValueError as err:  # TaskUnavailable: the training results stand; evaluate later
-                    eval_error = f"{err} -- then: ddl-eval {signature} --tasks {' '.join(cfg.eval.tasks)}"
+                    scores, results_json = _evaluate(job, result)
+                except Exception as err:  # the training results stand; evaluate later with ddl-eval
+                    reason = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+                    eval_error = f"{reason} -- then: ddl-eval {signature} --tasks {' '.join(job.evaluation.tasks)}"
                     print(f"{job.name} [{signature}]: evaluation skipped: {eval_error}")
                 else:
                     final.update(scores)
                     summary.update(scores)
                     texts["eval_results.json"] = results_json
+                    evaluated = evaluations
             if is_main:
                 if eval_error:
-                    store.client().set_tag(run_id, "ddl.eval_error", eval_error[:5000])
+                    store.client().set_tag(run_id, store.EVAL_ERROR_TAG, eval_error[:5000])
                 import json
                 texts["final_metrics.json"] = json.dumps(final, indent=1)
                 store.close_run(run_id, "FINISHED", metrics=summary, texts=texts, files=[log_path])
-                entry = {"run_id": run_id, "final": final}
-                status.mark_done(run_dir, job.experiment, entry)
+                status.mark_done(run_dir, job.experiment, {"run_id": run_id, "final": final, "evaluations": evaluated})
                 status.write(run_dir, state="finished", **{"val_loss": final.get("val/loss")})
             print(f"{job.name} [{signature}]: val/loss {final['val/loss']:.4f}  ({result.steps} steps, {result.seconds:.0f} s)")
             return {"signature": signature, "status": "finished", "run_id": run_id, "final": final}
@@ -119,8 +127,10 @@ def run_task(cfg: DictConfig) -> dict:
             raise
 
 
-def _evaluate(cfg: DictConfig, checkpoint: str) -> tuple[dict, str]:
+def _evaluate(job: Job, trained) -> tuple[dict, str]:
+    """lm-eval on the run's newest checkpoint, on the device it trained on."""
     from ..eval import evaluate
-    result = evaluate(checkpoint, list(cfg.eval.tasks), list(cfg.eval.shots), batch_size=cfg.eval.batch_size,
-                      limit=cfg.eval.limit)
+    spec = job.evaluation
+    result = evaluate(trained.checkpoint, list(spec.tasks), list(spec.shots), batch_size=spec.batch_size,
+                      limit=spec.limit, device=trained.device)
     return result.scores, result.results_json

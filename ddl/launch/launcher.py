@@ -24,11 +24,8 @@ from omegaconf import OmegaConf
 from .. import paths
 from . import status
 from .configs import ConfigError
-from .spec import Job, run_config
-from .table import job_table, live_table, summary_table
-
-ASSUMED_MFU = 0.40
-
+from .spec import Job
+from .table import ASSUMED_MFU, job_table, live_table, summary_table
 
 class SweepFailed(RuntimeError):
     """Some jobs failed; the summary has been printed."""
@@ -47,7 +44,7 @@ class SweepLauncher(BaseSubmititLauncher):
             shown = list(filter_overrides(overrides))
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             try:
-                job = Job(shown, run_config(cfg), cfg.experiment)
+                job = Job.from_config(cfg, shown)
             except ConfigError as err:
                 raise ConfigError(f"{err}  [in job: {' '.join(shown)}]") from None
             if job.signature in jobs:
@@ -76,19 +73,25 @@ class SweepLauncher(BaseSubmititLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         jobs, duplicates = self.plan(job_overrides)
-        n_dups = sum(map(len, duplicates.values()))
-        print(f"{len(job_overrides)} override sets -> {len(jobs)} distinct jobs"
-              + (f" ({n_dups} share a signature with another, e.g. "
-                 f"{' '.join(next(iter(duplicates.values()))[0])} == "
-                 f"{' '.join(next(j for j in jobs if j.signature in duplicates).overrides)})" if n_dups else ""))
+        line = f"{len(job_overrides)} override sets -> {len(jobs)} distinct jobs"
+        if duplicates:
+            signature, same = next(iter(duplicates.items()))
+            kept = next(j for j in jobs if j.signature == signature)
+            line += (f" ({sum(map(len, duplicates.values()))} share a signature with another, e.g. "
+                     f"{' '.join(same[0])} == {' '.join(kept.overrides)})")
+        print(line)
         if self.config.dry_run:
             job_table(jobs, self.estimate).print()
             return []
-        skipped = {j.signature: status.finished_in(paths.runs_dir() / j.signature, j.experiment) for j in jobs}
+        skipped = {j.signature: status.finished_in(paths.runs_dir() / j.signature, j.experiment, j.evaluation.evaluations())
+                   for j in jobs}
         todo = [j for j in jobs if not skipped[j.signature]]
+        from ..track import store
         for experiment in {j.experiment for j in jobs}:  # create the store once, before parallel writers
-            from ..track import store
-            store.experiment_id(experiment)
+            try:
+                store.experiment_id(experiment)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
         os.environ.setdefault("DDL_CPUS", str(self.params.get("cpus_per_task") or 1))
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         outcomes = self.run_jobs(todo, initial_job_idx) if todo else {}

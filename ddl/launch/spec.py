@@ -2,32 +2,71 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from ..data import DataConfig
+from ..eval.config import EvalConfig
+from ..eval.offline_task import VAL_FRACTION as HELD_OUT
+from ..eval.suites import OFFLINE_TASK
 from ..model import SIZES, ModelConfig, model_config
 from ..train import RunConfig, TrainConfig
 from .configs import ConfigError
 
+# ddl-run's composed config: these keys and nothing else (an unknown one would be silently ignored).
+TOP_LEVEL_KEYS = ("model", "data", "train", "eval", "ddl", "residual", "dv", "conv", "mapping", "beta_init", "seed",
+                  "experiment", "dry_run")
 
-def _plain(node) -> dict:
-    return {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if v is not None}
+
+def _group(cfg: DictConfig, group: str, schema: type, extra: tuple[str, ...] = ()) -> dict:
+    """The group's set values, checked against the dataclass it fills: one line for an unknown key
+    or a required value left unset (???)."""
+    try:
+        values = OmegaConf.to_container(cfg[group], resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as err:
+        raise ConfigError(f"{err.full_key}=???: needs a value (see conf/{group}/)") from None
+    known = {f.name for f in dataclasses.fields(schema)} | set(extra)
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"{group}.{key}={value}: unknown key; {group} has {', '.join(sorted(known))}")
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def run_config(cfg: DictConfig) -> RunConfig:
+    unknown = [key for key in cfg if key not in TOP_LEVEL_KEYS and key != "hydra"]  # a sweep's job config has hydra
+    if unknown:
+        raise ConfigError(f"{unknown[0]}={cfg[unknown[0]]}: unknown key; the keys are {', '.join(TOP_LEVEL_KEYS)} "
+                          f"(ddl-run --help)")
     try:
-        data = DataConfig(**_plain(cfg.data))
-        model_node = _plain(cfg.model)
-        size = model_node.pop("size")
+        data = DataConfig(**_group(cfg, "data", DataConfig))
+        model_node = _group(cfg, "model", ModelConfig, extra=("size",))
+        size = model_node.pop("size", None)
         axes = dict(residual=cfg.residual, dv=cfg.dv, conv=cfg.conv, mapping=cfg.mapping, beta_init=cfg.beta_init)
-        model = model_config(size, vocab_size=data.model_vocab_size(), **axes, **_plain(cfg.ddl), **model_node)
-        return RunConfig(model, data, TrainConfig(**_plain(cfg.train)), cfg.seed)
-    except TypeError as err:  # an unknown field reached a dataclass
-        raise ConfigError(str(err).split("__init__() ")[-1]) from None
+        model = model_config(size, vocab_size=data.model_vocab_size(), **axes, **_group(cfg, "ddl", ModelConfig),
+                             **model_node)
+        return RunConfig(model, data, TrainConfig(**_group(cfg, "train", TrainConfig)), cfg.seed)
+    except (TypeError, ValueError) as err:  # TypeError: a value of the wrong kind reached a check
+        raise ConfigError(str(err)) from None
+
+
+def eval_config(cfg: DictConfig) -> EvalConfig:
+    try:
+        return EvalConfig(**_group(cfg, "eval", EvalConfig))
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def experiment_name(cfg: DictConfig) -> str:
+    """The MLflow experiment (also a directory name under reports/ and mlartifacts/)."""
+    name = cfg.experiment
+    if isinstance(name, int) and not isinstance(name, bool):
+        name = str(name)
+    if not isinstance(name, str) or not name.strip() or "/" in name:
+        raise ConfigError(f"experiment={name!r}: must be a non-empty name without '/'")
+    return name
 
 
 def row_name(model: ModelConfig) -> str:
@@ -60,6 +99,17 @@ class Job:
     overrides: list[str]
     run: RunConfig
     experiment: str
+    evaluation: EvalConfig = field(default_factory=EvalConfig)
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig, overrides: list[str] = ()) -> "Job":
+        """The validated job of one composed config: every error is one ConfigError line."""
+        job = cls(list(overrides), run_config(cfg), experiment_name(cfg), eval_config(cfg))
+        data = job.run.data
+        if OFFLINE_TASK in job.evaluation.tasks and data.source == "embedded" and data.val_fraction < HELD_OUT:
+            raise ConfigError(f"data.val_fraction={data.val_fraction}: must be >= {HELD_OUT} with eval task "
+                              f"{OFFLINE_TASK}, whose items come from that held-out share (else the run trains on them)")
+        return job
 
     @property
     def signature(self) -> str:

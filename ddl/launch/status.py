@@ -29,12 +29,14 @@ def read(run_dir: Path) -> dict:
         return {}
 
 
-def finished_in(run_dir: Path, experiment: str) -> dict | None:
-    """The done marker's entry for this experiment: the job already finished there."""
+def finished_in(run_dir: Path, experiment: str, evaluations: list[str] = ()) -> dict | None:
+    """The done marker's entry for this experiment, if the job finished there with these
+    evaluations ('task@shots') among its own; else None (the job runs, and adds what is missing)."""
     try:
-        return json.loads((run_dir / DONE).read_text()).get(experiment)
+        entry = json.loads((run_dir / DONE).read_text()).get(experiment)
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+    return entry if entry is not None and set(evaluations) <= set(entry.get("evaluations", [])) else None
 
 
 def mark_done(run_dir: Path, experiment: str, entry: dict) -> None:

@@ -11,8 +11,10 @@ from rich.live import Live
 from rich.table import Table
 
 from .. import paths
+from ..model.config import BF16_PEAK_FLOPS
 from . import status
 
+ASSUMED_MFU = 0.40   # the dry run's GPU-hours assume this share of the bf16 peak
 console = Console(width=None if sys.stdout.isatty() else 160)  # logs keep whole columns
 
 
@@ -34,7 +36,8 @@ def job_table(jobs, estimate) -> _Printable:
         total += gpu_hours
         table.add_row(job.signature, job.name, " ".join(job.overrides), f"{n_params / 1e6:.2f}M", f"{tokens:.3g}",
                       f"{gpu_hours:.3g}")
-    table.caption = (f"* 6·N·tokens FLOPs at 40% of an H100's bf16 peak (989 TFLOP/s); total {total:.3g} GPU-h. "
+    table.caption = (f"* 6·N·tokens FLOPs at {ASSUMED_MFU:.0%} of an H100's bf16 peak "
+                     f"({BF16_PEAK_FLOPS['H100'] / 1e12:.0f} TFLOP/s); total {total:.3g} GPU-h. "
                      f"{len(jobs)} jobs.")
     return _Printable(table)
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from .. import paths
 
 SIGNATURE_TAG = "ddl.signature"
-ERROR_TAG = "ddl.error"
+ERROR_TAG, EVAL_ERROR_TAG = "ddl.error", "ddl.eval_error"
+HISTORY_PREFIXES = ("train/", "val/", "beta/")   # the per-step curves a run logs while training
 # MLflow 3 opens an experiment on its GenAI overview unless it is marked as model training.
 EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 
@@ -35,9 +36,13 @@ def client():
 
 
 def experiment_id(name: str) -> str:
-    """Get or create the experiment (artifacts under DDL_HOME/mlartifacts unless a server decides)."""
+    """Get or create the experiment (artifacts under DDL_HOME/mlartifacts unless a server decides).
+    A deleted one is a ValueError: MLflow refuses runs there, and restoring it is the user's call."""
     c = client()
     found = c.get_experiment_by_name(name)
+    if found is not None and found.lifecycle_stage == "deleted":
+        raise ValueError(f"experiment={name!r}: deleted in MLflow; restore it (mlflow experiments restore "
+                         f"--experiment-id {found.experiment_id}) or choose another name")
     if found is not None:
         return found.experiment_id
     location = None  # a team server decides; the project store keeps artifacts beside it in DDL_HOME
@@ -59,20 +64,52 @@ def runs_with_signature(experiment: str, signature: str) -> list:
 
 
 def open_run(experiment: str, signature: str, run_name: str, params: dict, tags: dict) -> str:
-    """The job's run: the unfinished one of this signature (a resumed job continues it), else a new one."""
+    """The job's run: the newest of this signature in the experiment, reopened (a resumed job
+    continues it, a re-run adds evaluations) with fresh tags and no stale error, else a new one."""
+    from mlflow.entities import Param, RunTag
     c = client()
     exp_id = experiment_id(experiment)
-    for run in runs_with_signature(experiment, signature):
-        if run.info.status != "FINISHED":
-            c.update_run(run.info.run_id, status="RUNNING")
-            c.set_tag(run.info.run_id, "ddl.resumed", "true")
-            return run.info.run_id
+    for run in runs_with_signature(experiment, signature)[:1]:
+        run_id = run.info.run_id
+        c.update_run(run_id, status="RUNNING")
+        for stale in (ERROR_TAG, EVAL_ERROR_TAG):
+            if stale in run.data.tags:
+                c.delete_tag(run_id, stale)
+        c.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in {**tags, "ddl.resumed": "true"}.items()])
+        return run_id
     run = c.create_run(exp_id, run_name=run_name, tags={SIGNATURE_TAG: signature, **tags})
-    from mlflow.entities import Param
     items = [Param(k, str(v)) for k, v in params.items()]
     for i in range(0, len(items), 100):
         c.log_batch(run.info.run_id, params=items[i:i + 100])
     return run.info.run_id
+
+
+def _runs_of(signature: str) -> list:
+    """Every run of this signature, in any experiment, newest first."""
+    c = client()
+    experiments = [e.experiment_id for e in c.search_experiments()]
+    return c.search_runs(experiments, f"tags.`{SIGNATURE_TAG}` = '{signature}'",
+                         order_by=["attributes.start_time DESC"]) if experiments else []
+
+
+def inherit_history(run_id: str, signature: str, up_to_step: int) -> str | None:
+    """Copy the curves up to `up_to_step` into a run that resumed from a checkpoint written under
+    another MLflow run (the same signature in another experiment, whose training it reuses).
+    Returns the source run's id, or None when the run has those steps already or no source does."""
+    c = client()
+    if any(m.step <= up_to_step for m in c.get_metric_history(run_id, "train/loss")):
+        return None
+    sources = [(len([m for m in c.get_metric_history(r.info.run_id, "train/loss") if m.step <= up_to_step]), r)
+               for r in _runs_of(signature) if r.info.run_id != run_id]
+    count, source = max(sources, key=lambda pair: pair[0], default=(0, None))
+    if not count:
+        return None
+    history = [m for key in source.data.metrics if key.startswith(HISTORY_PREFIXES)
+               for m in c.get_metric_history(source.info.run_id, key) if m.step <= up_to_step]
+    for i in range(0, len(history), 1000):
+        c.log_batch(run_id, metrics=history[i:i + 1000])
+    c.set_tag(run_id, "ddl.history_from", source.info.run_id)
+    return source.info.run_id
 
 
 class MLflowLogger:
@@ -137,8 +174,7 @@ def log_evaluation(signature: str, scores: dict[str, float], results_json: str) 
     """Attach a later evaluation (ddl-eval) to every run of this signature, in any experiment."""
     from mlflow.entities import Metric
     c = client()
-    experiments = [e.experiment_id for e in c.search_experiments()]
-    runs = c.search_runs(experiments, f"tags.`{SIGNATURE_TAG}` = '{signature}'") if experiments else []
+    runs = _runs_of(signature)
     now = int(time.time() * 1000)
     for run in runs:
         c.log_batch(run.info.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in scores.items()])
