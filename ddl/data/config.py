@@ -33,8 +33,12 @@ class DataConfig:
             _fail("tokenizer", self.tokenizer, f"must be one of {', '.join(TOKENIZERS)}")
         if self.source == "files" and not self.files:
             _fail("files", self.files, "source=files needs a glob of .txt/.jsonl/.parquet files")
-        if not 0.0 < self.val_fraction < 0.5:
-            _fail("val_fraction", self.val_fraction, "must be in (0, 0.5)")
+        for key in ("files", "fineweb_name", "fineweb_config"):
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), str):
+                _fail(key, getattr(self, key), "must be a string")
+        if isinstance(self.val_fraction, bool) or not isinstance(self.val_fraction, (int, float)) \
+                or not 0.0 < self.val_fraction < 0.5:
+            _fail("val_fraction", self.val_fraction, "must be a number in (0, 0.5)")
         if isinstance(self.fineweb_tokens, bool) or not isinstance(self.fineweb_tokens, int) \
                 or self.fineweb_tokens < 1:
             _fail("fineweb_tokens", self.fineweb_tokens, "must be an integer >= 1")

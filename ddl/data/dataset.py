@@ -21,6 +21,7 @@ import shutil
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -34,6 +35,7 @@ MANIFEST = "manifest.json"
 PROGRESS = "progress.json"
 SHARD_TOKENS = 1 << 24  # 32 MiB of uint16 per shard
 SPLITS = ("train", "val")
+BPE_BYTES_PER_TOKEN = 4   # about what a BPE token of English text holds
 
 
 def _write_json(path: Path, obj) -> None:
@@ -77,8 +79,20 @@ class _SplitWriter:
 def _tokenizer_for(cfg: DataConfig, work: Path) -> Tokenizer:
     if cfg.tokenizer == "bpe" and not (work / BPETokenizer.FILE).is_file():
         train_docs = (d for d in documents(cfg) if not is_val(d, cfg.val_fraction))
+        if cfg.source == "fineweb_edu":   # a stream: train on about the text the token budget keeps
+            train_docs = _within_bytes(train_docs, BPE_BYTES_PER_TOKEN * cfg.fineweb_tokens)
         return BPETokenizer.train(train_docs, cfg.bpe_vocab, work / BPETokenizer.FILE)
     return load_tokenizer(cfg.tokenizer, work)
+
+
+def _within_bytes(docs: Iterable[str], limit: int) -> Iterator[str]:
+    """The documents until `limit` UTF-8 bytes have gone by."""
+    seen = 0
+    for doc in docs:
+        if seen >= limit:
+            return
+        seen += len(doc.encode("utf-8"))
+        yield doc
 
 
 def _build(cfg: DataConfig, work: Path, progress: bool) -> dict:

@@ -3,7 +3,8 @@
 The embedded default is the documentation text shipped inside CPython (`pydoc_data.topics`,
 ~0.47 MB of English prose and code examples from the Python reference manual: the text behind
 `help('topic')`). It needs no network and no download. Topics are cut at blank lines into
-documents of >= 1000 characters so the held-out split is spread over the whole manual.
+documents of about 1000 characters or more (a topic's last piece may be shorter), so the
+held-out split is spread over the whole manual.
 """
 
 from __future__ import annotations
@@ -45,6 +46,22 @@ def _rows_text(rows) -> Iterator[str]:
             yield text
 
 
+def _json_lines(path: str) -> Iterator[dict]:
+    """JSON Lines (also under a .json name): one object with a `text` field per line."""
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                row = None
+            if not isinstance(row, dict):
+                raise ValueError(f"data.files: {path}:{number}: must be JSON Lines, one object with a 'text' field "
+                                 f"per line")
+            yield row
+
+
 def file_documents(pattern: str) -> Iterator[str]:
     """.txt: one document per file; .jsonl/.parquet: one per row's `text` field (via datasets)."""
     paths = sorted(p for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
@@ -55,8 +72,7 @@ def file_documents(pattern: str) -> Iterator[str]:
         if suffix == ".txt":
             yield Path(path).read_text(encoding="utf-8")
         elif suffix in (".jsonl", ".json"):
-            with open(path, encoding="utf-8") as lines:
-                yield from _rows_text(json.loads(line) for line in lines if line.strip())
+            yield from _rows_text(_json_lines(path))
         elif suffix == ".parquet":
             yield from _rows_text(_stream("parquet", data_files=path))
         else:
