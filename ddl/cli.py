@@ -22,7 +22,7 @@ def _one_line(err: BaseException) -> str:
     override = re.search(r"Could not override '([^']+)'", text)
     if override:
         key = override.group(1)
-        return f"{key}: unknown key (see ddl-run --help; to add a new key use +{key}=...)"
+        return f"{key}: unknown key (ddl-run --help lists them; a field the YAML leaves out is set as +{key}=...)"
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
     return first
 

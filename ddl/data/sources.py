@@ -93,10 +93,11 @@ def fineweb_documents(cfg: DataConfig) -> Iterator[str]:
         try:
             rows = _stream(name, name=cfg.fineweb_config)
         except Exception as err:
+            reason = (str(err).strip().splitlines() or [""])[0][:200]
             raise ValueError(
-                f"data.fineweb_name={name!r}: cannot reach the Hugging Face Hub ({type(err).__name__}); "
-                "pre-download it and set HF_DATASETS_OFFLINE=1, or pass local parquet files "
-                "as data.fineweb_name=<glob> or data.source=files") from None
+                f"data.fineweb_name={name!r} (config {cfg.fineweb_config!r}): cannot load it from the Hugging Face "
+                f"Hub ({type(err).__name__}: {reason}); offline, pre-download it and set HF_DATASETS_OFFLINE=1, "
+                "or pass local parquet files as data.fineweb_name=<glob> or data.source=files") from None
     yield from _rows_text(rows)
 
 
