@@ -143,18 +143,23 @@ DDP_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_path, data_root):
-    single = Recorder()
-    train(micro_run(), tmp_path / "single", single, "sig", data_root=data_root)
+def run_two_ranks(script: str, out, data_root) -> list[int]:
+    """`script out data_root` as ranks 0 and 1 of a gloo group on this host; their exit codes."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, "-c", DDP_SCRIPT, str(tmp_path / "ddp"), str(data_root)],
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(out), str(data_root)],
                               env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
                                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "DDL_CPUS": "1",
                                    "PYTHONPATH": os.getcwd()})
              for r in range(2)]
-    assert [p.wait(timeout=180) for p in procs] == [0, 0]
+    return [p.wait(timeout=180) for p in procs]
+
+
+def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_path, data_root):
+    single = Recorder()
+    train(micro_run(), tmp_path / "single", single, "sig", data_root=data_root)
+    assert run_two_ranks(DDP_SCRIPT, tmp_path / "ddp", data_root) == [0, 0]
     import json
     ddp = json.loads((tmp_path / "ddp" / "losses.json").read_text())
     assert [s for s, _ in ddp] == [s for s, _ in single.losses()]
@@ -185,15 +190,7 @@ DDP_SIGNAL_SCRIPT = textwrap.dedent("""
 
 
 def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, data_root):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, "-c", DDP_SIGNAL_SCRIPT, str(tmp_path), str(data_root)],
-                              env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
-                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "DDL_CPUS": "1",
-                                   "PYTHONPATH": os.getcwd()})
-             for r in range(2)]
-    assert [p.wait(timeout=180) for p in procs] == [0, 0]
+    assert run_two_ranks(DDP_SIGNAL_SCRIPT, tmp_path, data_root) == [0, 0]
     for rank in (0, 1):
         assert (tmp_path / f"rank{rank}.txt").read_text().startswith("stopped by SIGUSR1 at step 3;")
     assert checkpoint.load(checkpoint.latest(tmp_path))["step"] == 3
