@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 _CHECKOUT = Path(__file__).resolve().parent.parent
 
@@ -58,12 +59,16 @@ def reports_dir() -> Path:
     return (root / "reports") if root else home() / "reports"
 
 
-def write_atomic(path: Path, data: bytes | str, durable: bool = False) -> None:
+def write_atomic(path: Path, data: bytes | str | Callable[[BinaryIO], object], durable: bool = False) -> None:
     """Write through a temp file and a rename: a reader sees the old file or the new one, never a
-    torn one. `durable` also fsyncs, so the new content survives a machine crash (data shards)."""
+    torn one. `data` is the content, or a function that writes it to the open file (torch.save).
+    `durable` also fsyncs, so the new content survives a machine crash (shards, checkpoints)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
+        if callable(data):
+            data(f)
+        else:
+            f.write(data.encode() if isinstance(data, str) else data)
         if durable:
             f.flush()
             os.fsync(f.fileno())

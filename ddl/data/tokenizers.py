@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Iterable, Protocol
+
+from .. import paths
 
 
 class Tokenizer(Protocol):
@@ -46,9 +47,7 @@ class BPETokenizer:
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
         tok.train_from_iterator(texts, trainer=trainer)
-        tmp = path.with_suffix(".tmp")
-        tok.save(str(tmp))
-        os.replace(tmp, path)
+        paths.write_atomic(path, tok.to_str(pretty=True))
         return cls(path)
 
     def encode(self, text: str) -> list[int]:

@@ -27,6 +27,7 @@ from .configs import ConfigError
 from .spec import Job
 from .table import ASSUMED_MFU, job_table, live_table, summary_table
 
+
 class SweepFailed(RuntimeError):
     """Some jobs failed; the summary has been printed."""
 

@@ -54,13 +54,16 @@ def experiment_id(name: str) -> str:
         return c.get_experiment_by_name(name).experiment_id
 
 
-def runs_with_signature(experiment: str, signature: str) -> list:
+def runs_with_signature(signature: str, experiment: str | None = None) -> list:
+    """The runs of this signature, newest first: in one experiment, or in all of them."""
     c = client()
-    exp = c.get_experiment_by_name(experiment)
-    if exp is None:
-        return []
-    return c.search_runs([exp.experiment_id], f"tags.`{SIGNATURE_TAG}` = '{signature}'",
-                         order_by=["attributes.start_time DESC"])
+    if experiment is None:
+        ids = [e.experiment_id for e in c.search_experiments()]
+    else:
+        found = c.get_experiment_by_name(experiment)
+        ids = [found.experiment_id] if found is not None else []
+    return c.search_runs(ids, f"tags.`{SIGNATURE_TAG}` = '{signature}'",
+                         order_by=["attributes.start_time DESC"]) if ids else []
 
 
 def open_run(experiment: str, signature: str, run_name: str, params: dict, tags: dict) -> str:
@@ -69,7 +72,7 @@ def open_run(experiment: str, signature: str, run_name: str, params: dict, tags:
     from mlflow.entities import Param, RunTag
     c = client()
     exp_id = experiment_id(experiment)
-    for run in runs_with_signature(experiment, signature)[:1]:
+    for run in runs_with_signature(signature, experiment)[:1]:
         run_id = run.info.run_id
         c.update_run(run_id, status="RUNNING")
         for stale in (ERROR_TAG, EVAL_ERROR_TAG):
@@ -84,14 +87,6 @@ def open_run(experiment: str, signature: str, run_name: str, params: dict, tags:
     return run.info.run_id
 
 
-def _runs_of(signature: str) -> list:
-    """Every run of this signature, in any experiment, newest first."""
-    c = client()
-    experiments = [e.experiment_id for e in c.search_experiments()]
-    return c.search_runs(experiments, f"tags.`{SIGNATURE_TAG}` = '{signature}'",
-                         order_by=["attributes.start_time DESC"]) if experiments else []
-
-
 def inherit_history(run_id: str, signature: str, up_to_step: int) -> str | None:
     """Copy the curves up to `up_to_step` into a run that resumed from a checkpoint written under
     another MLflow run (the same signature in another experiment, whose training it reuses).
@@ -100,7 +95,7 @@ def inherit_history(run_id: str, signature: str, up_to_step: int) -> str | None:
     if any(m.step <= up_to_step for m in c.get_metric_history(run_id, "train/loss")):
         return None
     sources = [(len([m for m in c.get_metric_history(r.info.run_id, "train/loss") if m.step <= up_to_step]), r)
-               for r in _runs_of(signature) if r.info.run_id != run_id]
+               for r in runs_with_signature(signature) if r.info.run_id != run_id]
     count, source = max(sources, key=lambda pair: pair[0], default=(0, None))
     if not count:
         return None
@@ -174,7 +169,7 @@ def log_evaluation(signature: str, scores: dict[str, float], results_json: str) 
     """Attach a later evaluation (ddl-eval) to every run of this signature, in any experiment."""
     from mlflow.entities import Metric
     c = client()
-    runs = _runs_of(signature)
+    runs = runs_with_signature(signature)
     now = int(time.time() * 1000)
     for run in runs:
         c.log_batch(run.info.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in scores.items()])

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from .. import paths
 
 PATTERN = "step_*.pt"
 
@@ -41,12 +42,7 @@ def save(run_dir: Path, state: dict, keep: int) -> Path:
     directory = checkpoint_dir(run_dir)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"step_{state['step']:08d}.pt"
-    tmp = path.with_suffix(".pt.tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    paths.write_atomic(path, lambda f: torch.save(state, f), durable=True)
     for old in sorted(directory.glob(PATTERN))[:-keep]:
         old.unlink()
     return path
