@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import signal
 import time
@@ -226,7 +227,9 @@ def train(run: RunConfig, run_dir: Path, logger: MetricLogger, signature: str, *
         val_loss = evaluate_loss(model, dataset.val, cfg, device, info, autocast)
         final.update({"val/loss": val_loss, "val/ppl": math.exp(min(val_loss, 50.0)),
                       "val/bpb": val_loss / math.log(2) / bytes_per_token})
-    if info.world_size > 1:
+    if info.world_size > 1:  # DDP's reducer must not be the last owner of the process group: it would free it
+        del forward, ddp       # holding the GIL, while gloo's worker threads may wait for the GIL to finish
+        gc.collect()           # (a hang seen at the end of a 2-rank run); destroy_process_group releases it
         torch.distributed.destroy_process_group()
     keep = ("train/loss", "val/loss", "val/ppl", "val/bpb", "beta/mean", "beta/frac_gt1")
     return RunResult({k: final[k] for k in keep if k in final}, step, tokens_seen, time.time() - started,
