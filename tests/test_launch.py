@@ -173,6 +173,7 @@ def test_an_installed_wheel_finds_its_configs(tmp_path):
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
     site_packages = next(p for p in sys.path if p.endswith("site-packages"))
     code = ("import sys; sys.argv = ['ddl-run', '-m', '+sweep=smoke', '--dry-run']; "
+            "from ddl.model.fused import native; assert native.SOURCE.is_file(), 'the kernels source is not shipped'; "
             "import ddl.launch.configs as c; print(c.conf_dir()); from ddl.cli import run_main; run_main()")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}:{site_packages}"})

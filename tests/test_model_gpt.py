@@ -39,13 +39,16 @@ def test_delta_sublayer_equals_float64_eq_2_4(dv, mapping):
     X = torch.randn(2, 5, dv, 64, dtype=torch.float64)                          # stored (B,T,dv,d)
     cos, sin = model.rope_cos[:5], model.rope_sin[:5]
     x_in = block.read(X)
-    c = block.norm_attn(x_in)
-    h = block.attn(c, cos, sin)
-    out, written, k_written = delta(X, h, x_in, c)
-    k_hat, beta, v = delta.components(h, x_in, c)
-    assert torch.equal(k_written, k_hat)
-    assert torch.allclose(out, X + written.unsqueeze(-1) * k_hat.unsqueeze(-2), atol=1e-12)   # the rank-1 write
-    k = k_hat / 64 ** 0.5
+    inp = delta.read_input(x_in, block.norm_attn)
+    assert torch.allclose(inp.c, block.norm_attn(x_in), atol=1e-12)
+    h = block.attn(inp.c, cos, sin)
+    out, w, k_written = delta(X, h, inp)
+    k_raw, beta, v = delta.components(h, inp)
+    assert torch.allclose(beta, 2 * torch.sigmoid(delta.beta_gate(inp.c)), atol=1e-12)
+    assert torch.allclose(v, 4 * torch.sigmoid(delta.W_v(x_in if mapping == "k" else h)), atol=1e-12)
+    assert torch.equal(k_written, k_raw)
+    assert torch.allclose(out, X + w.unsqueeze(-1) * k_raw.unsqueeze(-2), atol=1e-12)   # the rank-1 write
+    k = k_raw / (k_raw.pow(2).sum(-1, keepdim=True) + delta.k_eps ** 2).sqrt()   # the unit key
     A = torch.eye(64, dtype=torch.float64) - beta[..., None] * k[..., :, None] * k[..., None, :]
     expected = A @ X.mT + beta[..., None] * k[..., :, None] * v[..., None, :]    # Eq. 2.4, X as d x dv
     assert torch.allclose(out.mT, expected, atol=1e-10)
@@ -60,9 +63,9 @@ def test_reading_a_rank_one_write_equals_reading_the_new_state(name, T):
     torch.nn.init.normal_(compress.read)
     g = torch.Generator().manual_seed(6)
     X = torch.randn(2, T, 4, 64, dtype=torch.float64, generator=g)
-    delta, k_hat = torch.randn(2, T, 4, dtype=torch.float64, generator=g), torch.randn(2, T, 64, dtype=torch.float64, generator=g)
-    new = X + delta.unsqueeze(-1) * k_hat.unsqueeze(-2)
-    assert torch.allclose(compress(new), compress(X) + compress.read_write(delta, k_hat), atol=1e-12)
+    w, k_raw = torch.randn(2, T, 4, dtype=torch.float64, generator=g), torch.randn(2, T, 64, dtype=torch.float64, generator=g)
+    new = X + w.unsqueeze(-1) * k_raw.unsqueeze(-2)
+    assert torch.allclose(compress(new), compress(X) + compress.read_write(w, k_raw), atol=1e-12)
 
 
 @pytest.mark.parametrize("name", ["ddl_dv4", "ddl_dv4_ec", "ddl_dv4_cc_ec"])
@@ -195,18 +198,34 @@ def test_gradients_reach_every_parameter_and_bf16_is_finite(name):
     assert torch.isfinite(logits).all() and torch.isfinite(loss)
 
 
+def loss_and_grads(model):
+    _, loss = model(tokens(), tokens(seed=1))
+    loss.backward()
+    return loss, {name: p.grad for name, p in model.named_parameters()}
+
+
+def assert_same_numbers(a, b, atol=1e-6):
+    (loss_a, grads_a), (loss_b, grads_b) = a, b
+    assert torch.allclose(loss_a, loss_b, atol=atol)
+    for name, grad in grads_a.items():
+        assert torch.allclose(grad, grads_b[name], atol=atol, rtol=1e-4), name
+
+
 def test_compiled_kernels_give_the_fused_numbers():
     """kernels=compiled (torch.compile of the plain forms) against the hand-fused default."""
     fused, compiled = micro(**VARIANTS["ddl_dv4_cc_ec"]), micro(kernels="compiled", **VARIANTS["ddl_dv4_cc_ec"])
     compiled.load_state_dict(fused.state_dict())
-    losses = []
-    for model in (fused, compiled):
-        _, loss = model(tokens(), tokens(seed=1))
-        loss.backward()
-        losses.append(loss)
-    assert torch.allclose(losses[0], losses[1], atol=1e-6)
-    for (name, a), b in zip(fused.named_parameters(), compiled.parameters()):
-        assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-4), name
+    assert_same_numbers(loss_and_grads(fused), loss_and_grads(compiled))
+
+
+@pytest.mark.parametrize("name", ["ddl_dv1_k", "ddl_dv4", "ddl_dv4_ec", "ddl_dv4_cc", "ddl_dv4_v_mlp"])
+def test_the_fused_kernels_give_the_same_numbers_in_cpp_and_in_pytorch_ops(name, monkeypatch):
+    """The fused ops' C++ loops (the CPU default) against their PyTorch-op twins (CUDA's), whole model."""
+    from ddl.model.fused import eager, loops_for
+    native = loss_and_grads(micro(**VARIANTS[name]))
+    monkeypatch.setenv("DDL_NATIVE_KERNELS", "0")
+    assert loops_for(torch.zeros(1)) is eager
+    assert_same_numbers(native, loss_and_grads(micro(**VARIANTS[name])))
 
 
 def test_beta_stats_follow_beta_init():

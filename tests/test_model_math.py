@@ -4,11 +4,15 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from ddl.model import delta_update
-from ddl.model.delta import FusedDeltaUpdate, FusedRankOneRead, FusedStateRead, rank_one_read, state_read
+from ddl.model.delta import expand_state, rank_one_read, state_read
+from ddl.model.fused import (FusedDeltaUpdate, FusedExpand, FusedRankOneRead, FusedStateRead, eager, loops_for,
+                             norm_projections)
 
 D, DV = 16, 4
+K_EPS = 1e-5
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -67,9 +71,8 @@ def test_operator_form_equals_delta_form_and_projection(beta):
     assert torch.allclose(eq_2_4, eq_2_5, atol=1e-12)
     # Eq. 2.6: k^T X_{l+1} = (1 - beta) k^T X_l + beta v^T
     assert torch.allclose(k @ eq_2_5, (1 - beta) * (k @ X) + beta * v, atol=1e-12)
-    # the implemented update (batched, with k = k_hat / sqrt(d)) is the same map
-    k_hat = k * math.sqrt(D)
-    out, _ = delta_update(X.T[None, None], k_hat[None, None], torch.tensor([[[beta]]]), v[None, None], 1 / math.sqrt(D))
+    # the implemented update (batched, normalising any positive multiple k~ of k) is the same map
+    out, _ = delta_update(X.T[None, None], 3 * k[None, None], torch.tensor([[[beta]]]), v[None, None], 0.0)
     assert torch.allclose(out[0, 0].T, eq_2_5, atol=1e-12)                # the state is stored as dv x d
 
 
@@ -82,37 +85,44 @@ def test_beta_one_overwrites_the_k_component_and_keeps_the_rest():
     assert torch.allclose(orth @ out, orth @ X, atol=1e-12)
 
 
+@pytest.fixture(params=["native", "eager"])
+def loops(request, monkeypatch):
+    """Each fused op's loops: the C++ build (which must have built here) and the PyTorch-op twin."""
+    monkeypatch.setenv("DDL_NATIVE_KERNELS", "1" if request.param == "native" else "0")
+    assert (loops_for(torch.zeros(1)) is eager) == (request.param == "eager")
+    return request.param
+
+
 def update_inputs(dv, seed=2, B=2, T=3):
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(B, T, dv, D, generator=g)
-    k_hat = torch.randn(B, T, D, generator=g)
-    k_hat = k_hat / k_hat.pow(2).mean(-1, keepdim=True).sqrt()                # RMS-normalised
+    k_raw = torch.randn(B, T, D, generator=g)                                   # normalised by the update
     beta = 2 * torch.rand(B, T, 1, generator=g)
     v = torch.rand(B, T, dv, generator=g)
-    return [t.requires_grad_() for t in (X, k_hat, beta, v)]
+    return [t.requires_grad_() for t in (X, k_raw, beta, v)]
 
 
 @pytest.mark.parametrize("dv", [1, DV])
-def test_fused_update_matches_the_eager_one_in_value_and_gradient(dv):
-    eager_in, fused_in = update_inputs(dv), update_inputs(dv)
-    eager = delta_update(*eager_in, 1 / math.sqrt(D))                       # (new state, delta)
-    fused = FusedDeltaUpdate.apply(*fused_in, 1 / math.sqrt(D))
+def test_fused_update_matches_the_plain_one_in_value_and_gradient(dv, loops):
+    plain_in, fused_in = update_inputs(dv), update_inputs(dv)
+    plain = delta_update(*plain_in, K_EPS)                                      # (new state, w)
+    fused = FusedDeltaUpdate.apply(*fused_in, K_EPS)
     g = torch.Generator().manual_seed(3)
-    weights = [torch.randn(out.shape, generator=g) for out in eager]          # a loss on both outputs
-    for outputs in (eager, fused):
+    weights = [torch.randn(out.shape, generator=g) for out in plain]            # a loss on both outputs
+    for outputs in (plain, fused):
         sum((out * w).sum() for out, w in zip(outputs, weights)).backward()
-    for a, b in zip(eager, fused):
+    for a, b in zip(plain, fused):
         assert torch.allclose(a, b, atol=1e-12)
-    for name, a, b in zip(("X", "k_hat", "beta", "v"), eager_in, fused_in):
+    for name, a, b in zip(("X", "k_raw", "beta", "v"), plain_in, fused_in):
         assert torch.allclose(a.grad, b.grad, atol=1e-12), name
-    assert torch.autograd.gradcheck(lambda *t: FusedDeltaUpdate.apply(*t, 1 / math.sqrt(D)), update_inputs(dv))
+    assert torch.autograd.gradcheck(lambda *t: FusedDeltaUpdate.apply(*t, K_EPS), update_inputs(dv))
 
 
-def test_fused_update_keeps_the_state_in_fp32_under_bf16_autocast():
+def test_fused_update_keeps_the_state_in_fp32_under_bf16_autocast(loops):
     inputs = [t.detach().float() for t in update_inputs(DV)]
-    plain, _ = FusedDeltaUpdate.apply(*inputs, 1 / math.sqrt(D))
+    plain, _ = FusedDeltaUpdate.apply(*inputs, K_EPS)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        autocast, _ = FusedDeltaUpdate.apply(*inputs, 1 / math.sqrt(D))
+        autocast, _ = FusedDeltaUpdate.apply(*inputs, K_EPS)
     assert autocast.dtype == torch.float32 and torch.equal(autocast, plain)
 
 
@@ -129,16 +139,46 @@ def assert_fused_matches_plain(plain, fused, inputs, g):
 
 
 @pytest.mark.parametrize("taps, T", [(4, 6), (4, 2), (1, 5)])
-def test_fused_state_read_matches_the_eager_one_in_value_and_gradient(taps, T):
+def test_fused_state_read_matches_the_plain_one_in_value_and_gradient(taps, T, loops):
     g = torch.Generator().manual_seed(5)
     X, A = torch.randn(2, T, DV, D, generator=g), torch.randn(DV, D, taps, generator=g)
     assert_fused_matches_plain(state_read, FusedStateRead.apply, [X, A], g)
 
 
 @pytest.mark.parametrize("taps, T", [(4, 6), (4, 2), (1, 5)])
-def test_reading_a_rank_one_write_from_its_factors(taps, T):
+def test_reading_a_rank_one_write_from_its_factors(taps, T, loops):
     g = torch.Generator().manual_seed(7)
-    delta, k_hat, A = torch.randn(2, T, DV, generator=g), torch.randn(2, T, D, generator=g), torch.randn(DV, D, taps, generator=g)
-    written = delta.unsqueeze(-1) * k_hat.unsqueeze(-2)                        # the write, materialised
-    assert torch.allclose(rank_one_read(delta, k_hat, A), state_read(written, A), atol=1e-12)
-    assert_fused_matches_plain(rank_one_read, FusedRankOneRead.apply, [delta, k_hat, A], g)
+    w, k_raw, A = torch.randn(2, T, DV, generator=g), torch.randn(2, T, D, generator=g), torch.randn(DV, D, taps, generator=g)
+    written = w.unsqueeze(-1) * k_raw.unsqueeze(-2)                             # the write, materialised
+    assert torch.allclose(rank_one_read(w, k_raw, A), state_read(written, A), atol=1e-12)
+    assert_fused_matches_plain(rank_one_read, FusedRankOneRead.apply, [w, k_raw, A], g)
+
+
+@pytest.mark.parametrize("taps, T", [(4, 6), (4, 2), (1, 5)])
+def test_fused_expansion_is_the_depthwise_conv_over_time(taps, T, loops):
+    g = torch.Generator().manual_seed(8)
+    x, E = torch.randn(2, T, D, generator=g), torch.randn(DV, D, taps, generator=g)
+    weight = E.transpose(0, 1).reshape(D * DV, 1, taps)                         # channel i*dv + j, as EmbedExpander
+    conv = F.conv1d(F.pad(x.transpose(1, 2), (taps - 1, 0)), weight, groups=D)  # (B, d*dv, T)
+    assert torch.allclose(expand_state(x, E), conv.transpose(1, 2).reshape(2, T, D, DV).mT, atol=1e-12)
+    assert_fused_matches_plain(expand_state, FusedExpand.apply, [x, E], g)
+
+
+@pytest.mark.parametrize("n_c, n_x", [(1, DV), (8, 0)])                       # linear k-Map; MLP estimator, v-Map
+def test_fused_norm_with_projections_matches_the_plain_ops(n_c, n_x, loops):
+    g = torch.Generator().manual_seed(10)
+    x, weight = torch.randn(2, 5, D, generator=g), 1 + 0.1 * torch.randn(D, generator=g)
+    W_c, W_x = torch.randn(n_c, D, generator=g), torch.randn(n_x, D, generator=g)
+    inputs = [x, weight, W_c, W_x]
+
+    def loss(norm, *tensors):                                                   # every output feeds the loss
+        c, l_c, l_x = norm(*tensors, 1e-6)
+        return (c * x.cos()).sum() + l_c.pow(2).sum() + l_x.sin().sum()
+
+    plain_in, fused_in = ([t.clone().requires_grad_() for t in inputs] for _ in range(2))
+    expected, out = loss(eager.norm_projections, *plain_in), loss(norm_projections, *fused_in)
+    assert torch.allclose(out, expected, atol=1e-12)
+    expected.backward(), out.backward()
+    for name, a, b in zip(("x", "weight", "W_c", "W_x"), plain_in, fused_in):
+        assert torch.allclose(a.grad, b.grad, atol=1e-12), name
+    assert torch.autograd.gradcheck(lambda *t: norm_projections(*t, 1e-6), [t.clone().requires_grad_() for t in inputs])

@@ -103,14 +103,14 @@ class DeltaBlock(nn.Module):
                 x_in: torch.Tensor | None = None) -> torch.Tensor:
         """x_in: read(X) when the caller has it cheaper than a pass over X."""
         x_in = self.read(X) if x_in is None else x_in
-        c = self.norm_attn(x_in)
-        X, delta, k_hat = self.delta_attn(X, self.attn(c, cos, sin), x_in, c)
+        inp = self.delta_attn.read_input(x_in, self.norm_attn)
+        X, w, k_raw = self.delta_attn(X, self.attn(inp.c, cos, sin), inp)
         if self.compress is None:
             x_in = self.read(X)
-        else:                                  # read(X + delta k_hat^T), without another pass over X
-            x_in = x_in + self.compress.read_write(delta, k_hat)
-        c = self.norm_mlp(x_in)
-        return self.delta_mlp(X, self.mlp(c), x_in, c)[0]
+        else:                                  # read(X + w k~^T), without another pass over X
+            x_in = x_in + self.compress.read_write(w, k_raw)
+        inp = self.delta_mlp.read_input(x_in, self.norm_mlp)
+        return self.delta_mlp(X, self.mlp(inp.c), inp)[0]
 
 
 class GPT(nn.Module):

@@ -1,0 +1,112 @@
+"""The Delta residual's ops with hand-derived backwards (ModelConfig.kernels='fused').
+
+The state's four ops (update, read, rank-1 read, EC expansion) are autograd Functions, each tested
+against its plain PyTorch form in ddl/model/delta.py, in value and gradient. Their loops run as C++
+on CPU (cpu.cpp, built once per machine by native.py: one pass over each tensor per op and
+direction, parallel over tokens) and as PyTorch ops elsewhere (eager.py, the same math op by op).
+For backward they save their inputs and a few (B,T,dv) numbers, nothing state-sized.
+norm_projections, a sublayer's RMSNorm with the gates' linear maps, is one C++ op on CPU and the
+plain ops elsewhere.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import eager, native
+
+
+def loops_for(t: torch.Tensor):
+    """The implementation of the loops for tensors like t: the C++ one on CPU when built, else eager."""
+    return torch.ops.ddl_delta if t.device.type == "cpu" and _native() else eager
+
+
+@torch.compiler.assume_constant_result
+def _native() -> bool:
+    """Whether the C++ loops run on CPU: a constant to torch.compile, which builds them while tracing."""
+    return native.enabled() and native.ops() is not None
+
+
+def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+class FusedDeltaUpdate(torch.autograd.Function):
+    """delta_update: (X, k~, beta, v, k_eps) -> (X + w k~^T, w), in at least fp32 whatever autocast says.
+
+    The key's normalisation k = k~ / sqrt(|k~|^2 + k_eps^2) happens inside: k is never materialised,
+    and backward needs only the saved rho = 1/sqrt(|k~|^2 + k_eps^2) and q = X k~ (B,T,dv) beside
+    the inputs. With res = v - k^T X and G, g_w the gradients of the outputs:
+        dL/dw = G k~ + g_w     dL/dv = beta rho dL/dw     dL/dX = G - rho (dL/dv) k~^T
+        dL/dbeta = rho res . dL/dw     dL/drho = beta res . dL/dw - q . dL/dv
+        dL/dk~ = G^T w - rho X^T dL/dv - rho^3 k~ dL/drho
+    """
+
+    @staticmethod
+    def forward(ctx, X, h, beta, v, k_eps: float):
+        with torch.autocast(X.device.type, enabled=False):
+            acc = _at_least_fp32(X.dtype)
+            inputs = [t.to(acc) for t in (X, h, beta, v)]
+            X_new, w, rho, q = loops_for(X).update_forward(*inputs, k_eps ** 2)
+        ctx.save_for_backward(*inputs, rho, q)
+        ctx.dtypes = (X.dtype, h.dtype, beta.dtype, v.dtype)
+        return X_new.to(X.dtype), w
+
+    @staticmethod
+    def backward(ctx, G, g_w):
+        X, *_ = saved = ctx.saved_tensors
+        with torch.autocast(G.device.type, enabled=False):
+            grads = loops_for(X).update_backward(G.to(X.dtype), g_w, *saved)
+        return *(g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)), None
+
+
+def _keeping_inputs(name: str, op: str, doc: str) -> type[torch.autograd.Function]:
+    """An autograd Function that saves its inputs and runs the loops' <op>_forward(*inputs), then
+    <op>_backward(g, *inputs): what the three ops that need nothing else for backward share."""
+    def forward(ctx, *inputs):
+        ctx.save_for_backward(*inputs)
+        return getattr(loops_for(inputs[0]), f"{op}_forward")(*inputs)
+
+    def backward(ctx, g):
+        return getattr(loops_for(g), f"{op}_backward")(g, *ctx.saved_tensors)
+
+    return type(name, (torch.autograd.Function,),
+                {"__doc__": doc, "forward": staticmethod(forward), "backward": staticmethod(backward)})
+
+
+FusedStateRead = _keeping_inputs("FusedStateRead", "read", "state_read: X (B,T,dv,d), A (dv,d,L) -> (B,T,d).")
+FusedRankOneRead = _keeping_inputs("FusedRankOneRead", "rank_one",
+                                   "rank_one_read: w (B,T,dv), k~ (B,T,d), A (dv,d,L) -> (B,T,d).")
+FusedExpand = _keeping_inputs("FusedExpand", "expand", "expand_state: x (B,T,d), E (dv,d,L) -> the EC state (B,T,dv,d).")
+
+
+def norm_projections(x, weight, W_c, W_x, eps: float):
+    """(c, c W_c^T, x W_x^T) with c = rms_norm(x) * weight: a sublayer's RMSNorm with the gates that
+    read its output and its input. On CPU one fused op (its backward adds the gates' gradients
+    into the norm's instead of writing and summing separate ones); elsewhere the plain ops."""
+    if x.device.type == "cpu" and _native():
+        return FusedNormProjections.apply(x, weight, W_c, W_x, eps)
+    return eager.norm_projections(x, weight, W_c, W_x, eps)
+
+
+class FusedNormProjections(torch.autograd.Function):
+    """norm_projections in C++, in at least fp32; keeps x and rho = 1/sqrt(mean(x^2) + eps) for backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, W_c, W_x, eps: float):
+        with torch.autocast(x.device.type, enabled=False):
+            acc = _at_least_fp32(x.dtype)
+            inputs = [t.to(acc) for t in (x, weight, W_c, W_x)]
+            c, l_c, l_x, rho = torch.ops.ddl_delta.norm_forward(*inputs, eps)
+        ctx.save_for_backward(*inputs, rho)
+        ctx.dtypes = [t.dtype for t in (x, weight, W_c, W_x)]
+        return c.to(x.dtype), l_c, l_x
+
+    @staticmethod
+    def backward(ctx, g_c, g_lc, g_lx):
+        x, weight, W_c, W_x, rho = ctx.saved_tensors
+        shapes = (x.shape, x.shape[:-1] + W_c.shape[:1], x.shape[:-1] + W_x.shape[:1])
+        grads = [x.new_zeros(shape) if g is None else g.to(x.dtype) for g, shape in zip((g_c, g_lc, g_lx), shapes)]
+        with torch.autocast(x.device.type, enabled=False):
+            g_x, g_weight, g_Wc, g_Wx = torch.ops.ddl_delta.norm_backward(*grads, x, weight, W_c, W_x, rho)
+        return *(g.to(dtype) for g, dtype in zip((g_x, g_weight, g_Wc, g_Wx), ctx.dtypes)), None

@@ -1,0 +1,539 @@
+// The Delta residual's state ops on CPU: the loops of eager.py, each one pass over its tensors per
+// direction, parallel over tokens. native.py builds this file once per machine on first use.
+//
+// All tensors share one floating dtype. Shapes: X (B,T,dv,d) the state, the paper's d x d_v per
+// token stored transposed; h (B,T,d) the raw key k~; beta, rho (B,T,1); v, w, q (B,T,dv); A (dv,d,L)
+// a compressor's taps and E (dv,d,L) the EC expander's, tap L-1 weighing the current token (lag 0). With rho = 1/sqrt(|k~|^2 + eps^2)
+// the unit key is k = rho k~, and the update X + beta k (v^T - k^T X) is X + w k~^T with
+// w = beta rho (v - rho q), q = X k~ (the per-channel dot products).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+using at::Tensor;
+
+template <typename T>
+inline T dot(const T* __restrict__ a, const T* __restrict__ b, int64_t n) {
+  T s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Sums over tokens (the taps' and the norm's weight gradients): body(first, last, partial) adds
+// tokens [first, last) into a zeroed partial of `shape`, per chunk of tokens, and the partials are
+// then summed in chunk order. The chunks depend on n alone, so the result is the same bits whatever
+// the thread count (a run resumed on another node continues the same curve).
+template <typename T, typename F>
+Tensor sum_over_tokens(int64_t n, at::IntArrayRef shape, const Tensor& like, const F& body) {
+  constexpr int64_t kTokensPerChunk = 256, kMaxChunks = 64;
+  const int64_t chunks = std::clamp<int64_t>((n + kTokensPerChunk - 1) / kTokensPerChunk, 1, kMaxChunks);
+  std::vector<int64_t> partial_shape{chunks};
+  partial_shape.insert(partial_shape.end(), shape.begin(), shape.end());
+  Tensor partials = at::zeros(partial_shape, like.options()), total = at::empty(shape, like.options());
+  const int64_t size = total.numel();
+  T *base = partials.data_ptr<T>(), *out = total.data_ptr<T>();
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) body(n * c / chunks, n * (c + 1) / chunks, base + c * size);
+  });
+  at::parallel_for(0, size, 1024, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      T s = 0;
+      for (int64_t c = 0; c < chunks; ++c) s += base[c * size + i];
+      out[i] = s;
+    }
+  });
+  return total;
+}
+
+// (dv,d,L) taps -> (L,dv,d): by lag, d contiguous.
+Tensor taps_by_lag(const Tensor& A) { return A.flip({-1}).permute({2, 0, 1}).contiguous(); }
+Tensor taps_from_lags(const Tensor& A_lag) { return A_lag.permute({1, 2, 0}).flip({-1}).contiguous(); }
+
+// ---- the loops, per token; n is the flat token index b*T + t ----
+
+template <typename T>
+void update_forward_loop(const T* X, const T* h, const T* beta, const T* v, T eps2, T* X_new, T* w, T* rho, T* q,
+                         int64_t N, int64_t dv, int64_t d) {
+  at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
+    for (int64_t n = first; n < last; ++n) {
+      const T* k = h + n * d;
+      const T r = 1 / std::sqrt(dot(k, k, d) + eps2);
+      rho[n] = r;
+      for (int64_t j = 0; j < dv; ++j) {
+        const int64_t nj = n * dv + j;
+        const T* Xj = X + nj * d;
+        T* Yj = X_new + nj * d;
+        const T qj = dot(Xj, k, d);
+        const T wj = beta[n] * r * (v[nj] - r * qj);
+        q[nj] = qj;
+        w[nj] = wj;
+#pragma omp simd
+        for (int64_t i = 0; i < d; ++i) Yj[i] = Xj[i] + wj * k[i];
+      }
+    }
+  });
+}
+
+template <typename T>
+void update_backward_loop(const T* G, const T* g_w, const T* X, const T* h, const T* beta, const T* v, const T* rho,
+                          const T* q, T* g_X, T* g_h, T* g_beta, T* g_v, int64_t N, int64_t dv, int64_t d) {
+  at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
+    std::vector<T> w(dv), g_q(dv);
+    for (int64_t n = first; n < last; ++n) {
+      const T *k = h + n * d, r = rho[n], b = beta[n];
+      T g_b = 0, g_r = 0;                                     // dL/dbeta, dL/drho
+      for (int64_t j = 0; j < dv; ++j) {
+        const int64_t nj = n * dv + j;
+        const T g_wj = dot(G + nj * d, k, d) + (g_w ? g_w[nj] : 0);  // G_j . k~ + dL/dw_j
+        const T res = v[nj] - r * q[nj];                              // v_j - k^T X_j
+        const T g_res = g_wj * b * r;
+        w[j] = b * r * res;
+        g_q[j] = -g_res * r;
+        g_v[nj] = g_res;
+        g_b += g_wj * r * res;
+        g_r += g_wj * b * res - g_res * q[nj];
+      }
+      g_beta[n] = g_b;
+      const T g_k = -g_r * r * r * r;                         // through rho = (|k~|^2 + eps^2)^(-1/2): -rho^3 k~
+      T* gk = g_h + n * d;
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) gk[i] = g_k * k[i];
+      for (int64_t j = 0; j < dv; ++j) {
+        const T *Gj = G + (n * dv + j) * d, *Xj = X + (n * dv + j) * d, wj = w[j], gqj = g_q[j];
+        T* gXj = g_X + (n * dv + j) * d;
+#pragma omp simd
+        for (int64_t i = 0; i < d; ++i) {
+          gXj[i] = Gj[i] + gqj * k[i];
+          gk[i] += wj * Gj[i] + gqj * Xj[i];
+        }
+      }
+    }
+  });
+}
+
+// x[t] = sum over lag, j of A[lag, j] * X[t-lag, j], with A by lag (L,dv,d).
+template <typename T>
+void read_forward_loop(const T* X, const T* A, T* x, int64_t N, int64_t T_, int64_t L, int64_t dv, int64_t d) {
+  at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
+    for (int64_t n = first; n < last; ++n) {
+      T* y = x + n * d;
+      std::fill(y, y + d, T(0));
+      for (int64_t lag = 0; lag < std::min(L, n % T_ + 1); ++lag) {
+        for (int64_t j = 0; j < dv; ++j) {
+          const T *a = A + (lag * dv + j) * d, *s = X + ((n - lag) * dv + j) * d;
+#pragma omp simd
+          for (int64_t i = 0; i < d; ++i) y[i] += a[i] * s[i];
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void read_backward_loop(const T* g, const T* X, const T* A, T* g_X, T* g_A, int64_t first, int64_t last, int64_t T_,
+                        int64_t L, int64_t dv, int64_t d) {
+  for (int64_t n = first; n < last; ++n) {
+    const int64_t lags = std::min(L, T_ - n % T_);            // token n feeds the reads at n .. n + lags - 1
+    for (int64_t j = 0; j < dv; ++j) {
+      const T* s = X + (n * dv + j) * d;
+      T* gs = g_X + (n * dv + j) * d;
+      std::fill(gs, gs + d, T(0));
+      for (int64_t lag = 0; lag < lags; ++lag) {
+        const T *a = A + (lag * dv + j) * d, *gy = g + (n + lag) * d;
+        T* ga = g_A + (lag * dv + j) * d;
+#pragma omp simd
+        for (int64_t i = 0; i < d; ++i) {
+          gs[i] += a[i] * gy[i];
+          ga[i] += s[i] * gy[i];
+        }
+      }
+    }
+  }
+}
+
+// The read of the rank-1 state w k~^T from its factors w (B,T,dv), h = k~ (B,T,d).
+template <typename T>
+void rank_one_forward_loop(const T* w, const T* h, const T* A, T* x, int64_t N, int64_t T_, int64_t L, int64_t dv,
+                           int64_t d) {
+  at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
+    for (int64_t n = first; n < last; ++n) {
+      T* y = x + n * d;
+      std::fill(y, y + d, T(0));
+      for (int64_t lag = 0; lag < std::min(L, n % T_ + 1); ++lag) {
+        const T* k = h + (n - lag) * d;
+        for (int64_t j = 0; j < dv; ++j) {
+          const T c = w[(n - lag) * dv + j], *a = A + (lag * dv + j) * d;
+#pragma omp simd
+          for (int64_t i = 0; i < d; ++i) y[i] += c * a[i] * k[i];
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void rank_one_backward_loop(const T* g, const T* w, const T* h, const T* A, T* g_w, T* g_h, T* g_A, int64_t first,
+                            int64_t last, int64_t T_, int64_t L, int64_t dv, int64_t d) {
+  for (int64_t n = first; n < last; ++n) {
+    const T* k = h + n * d;
+    T* gk = g_h + n * d;
+    std::fill(gk, gk + d, T(0));
+    std::fill(g_w + n * dv, g_w + (n + 1) * dv, T(0));
+    for (int64_t lag = 0; lag < std::min(L, T_ - n % T_); ++lag) {
+      const T* gy = g + (n + lag) * d;
+      for (int64_t j = 0; j < dv; ++j) {
+        const T c = w[n * dv + j], *a = A + (lag * dv + j) * d;
+        T* ga = g_A + (lag * dv + j) * d;
+        T s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = 0; i < d; ++i) {
+          const T p = gy[i] * k[i];
+          s += p * a[i];
+          ga[i] += c * p;
+          gk[i] += c * a[i] * gy[i];
+        }
+        g_w[n * dv + j] += s;
+      }
+    }
+  }
+}
+
+// X[t, j] = sum over lag of E[lag, j] * x[t-lag]: the EC expansion of x (B,T,d) into the state.
+template <typename T>
+void expand_forward_loop(const T* x, const T* E, T* X, int64_t N, int64_t T_, int64_t L, int64_t dv, int64_t d) {
+  at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
+    for (int64_t n = first; n < last; ++n) {
+      for (int64_t j = 0; j < dv; ++j) {
+        T* y = X + (n * dv + j) * d;
+        std::fill(y, y + d, T(0));
+        for (int64_t lag = 0; lag < std::min(L, n % T_ + 1); ++lag) {
+          const T *e = E + (lag * dv + j) * d, *s = x + (n - lag) * d;
+#pragma omp simd
+          for (int64_t i = 0; i < d; ++i) y[i] += e[i] * s[i];
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void expand_backward_loop(const T* g, const T* x, const T* E, T* g_x, T* g_E, int64_t first, int64_t last,
+                          int64_t T_, int64_t L, int64_t dv, int64_t d) {
+  for (int64_t n = first; n < last; ++n) {
+    const T* s = x + n * d;
+    T* gs = g_x + n * d;
+    std::fill(gs, gs + d, T(0));
+    for (int64_t lag = 0; lag < std::min(L, T_ - n % T_); ++lag) {  // x[n] feeds the state at n + lag
+      for (int64_t j = 0; j < dv; ++j) {
+        const T *e = E + (lag * dv + j) * d, *gy = g + ((n + lag) * dv + j) * d;
+        T* ge = g_E + (lag * dv + j) * d;
+#pragma omp simd
+        for (int64_t i = 0; i < d; ++i) {
+          gs[i] += e[i] * gy[i];
+          ge[i] += gy[i] * s[i];
+        }
+      }
+    }
+  }
+}
+
+// c = x rho * g with rho = 1/sqrt(mean(x^2) + eps) (an RMSNorm), and the projections lc = c W_c^T,
+// lx = x W_x^T (B,T,nc), (B,T,nx): the gates that read the norm's output and input.
+template <typename T>
+void norm_forward_loop(const T* x, const T* g, const T* W_c, const T* W_x, T eps, T* c, T* l_c, T* l_x, T* rho,
+                       int64_t N, int64_t nc, int64_t nx, int64_t d) {
+  at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
+    for (int64_t n = first; n < last; ++n) {
+      const T* xn = x + n * d;
+      T* cn = c + n * d;
+      const T r = 1 / std::sqrt(dot(xn, xn, d) / d + eps);
+      rho[n] = r;
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) cn[i] = xn[i] * r * g[i];
+      for (int64_t j = 0; j < nc; ++j) l_c[n * nc + j] = dot(cn, W_c + j * d, d);
+      for (int64_t j = 0; j < nx; ++j) l_x[n * nx + j] = dot(xn, W_x + j * d, d);
+    }
+  });
+}
+
+// partials: (d + (nc + nx) * d) sums over tokens: dL/dg, dL/dW_c, dL/dW_x.
+template <typename T>
+void norm_backward_loop(const T* g_c, const T* g_lc, const T* g_lx, const T* x, const T* g, const T* W_c,
+                        const T* W_x, const T* rho, T* g_x, T* partials, int64_t first, int64_t last, int64_t nc,
+                        int64_t nx, int64_t d) {
+  T *g_g = partials, *g_Wc = partials + d, *g_Wx = partials + (1 + nc) * d;
+  std::vector<T> G(d);                                        // dL/dc: the incoming gradient and the gates'
+  for (int64_t n = first; n < last; ++n) {
+    const T *xn = x + n * d, *gc = g_c + n * d, r = rho[n];
+    std::copy(gc, gc + d, G.begin());
+    for (int64_t j = 0; j < nc; ++j) {
+      const T a = g_lc[n * nc + j], *Wj = W_c + j * d;
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) G[i] += a * Wj[i];
+    }
+    T s = 0;                                                  // sum_i G_i g_i x_i
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < d; ++i) s += G[i] * g[i] * xn[i];
+    const T slope = -r * r * r * s / d;                       // through rho: -rho^3 x s / d
+    T* gx = g_x + n * d;
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) {
+      gx[i] = r * G[i] * g[i] + slope * xn[i];
+      g_g[i] += G[i] * xn[i] * r;
+    }
+    for (int64_t j = 0; j < nc; ++j) {
+      const T a = g_lc[n * nc + j] * r;
+      T* gW = g_Wc + j * d;
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) gW[i] += a * xn[i] * g[i];
+    }
+    for (int64_t j = 0; j < nx; ++j) {
+      const T a = g_lx[n * nx + j], *Wj = W_x + j * d;
+      T* gW = g_Wx + j * d;
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) {
+        gx[i] += a * Wj[i];
+        gW[i] += a * xn[i];
+      }
+    }
+  }
+}
+
+// ---- the ops: contiguous inputs, dtype dispatch ----
+
+template <typename T>
+const T* ptr(const Tensor& t) { return t.const_data_ptr<T>(); }
+
+// The loops index raw memory: every op first checks the shapes it relies on.
+void check_shape(const Tensor& t, at::IntArrayRef shape, const char* name) {
+  TORCH_CHECK(t.sizes() == shape, "ddl_delta: ", name, " has shape ", t.sizes(), ", expected ", shape);
+}
+
+void check_rows(const Tensor& t, int64_t rows, int64_t width, const char* name) {
+  TORCH_CHECK(t.numel() == rows * width && (t.dim() == 0 || t.size(-1) == width), "ddl_delta: ", name,
+              " has shape ", t.sizes(), ", expected ", rows, " rows of ", width);
+}
+
+void check_state(const Tensor& X, const Tensor& h) {
+  TORCH_CHECK(X.dim() == 4 && h.dim() == 3, "ddl_delta: the state is (B,T,dv,d) and k~ (B,T,d)");
+  check_shape(h, {X.size(0), X.size(1), X.size(3)}, "k~");
+}
+
+void check_taps(const Tensor& A, int64_t dv, int64_t d) {
+  TORCH_CHECK(A.dim() == 3 && A.size(0) == dv && A.size(1) == d, "ddl_delta: taps have shape ", A.sizes(),
+              ", expected (", dv, ", ", d, ", L)");
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> update_forward(const Tensor& X_, const Tensor& h_, const Tensor& beta_,
+                                                          const Tensor& v_, double eps2) {
+  const Tensor X = X_.contiguous(), h = h_.contiguous(), beta = beta_.contiguous(), v = v_.contiguous();
+  check_state(X, h);
+  const int64_t d = X.size(-1), dv = X.size(-2);
+  check_shape(beta, {X.size(0), X.size(1), 1}, "beta");
+  check_shape(v, {X.size(0), X.size(1), dv}, "v");
+  Tensor X_new = at::empty_like(X), w = at::empty_like(v), rho = at::empty_like(beta), q = at::empty_like(v);
+  AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "ddl_delta::update_forward", [&] {
+    update_forward_loop<scalar_t>(ptr<scalar_t>(X), ptr<scalar_t>(h), ptr<scalar_t>(beta), ptr<scalar_t>(v), eps2,
+                                  X_new.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), rho.data_ptr<scalar_t>(),
+                                  q.data_ptr<scalar_t>(), h.numel() / d, dv, d);
+  });
+  return {X_new, w, rho, q};
+}
+
+// Gradients of update_forward's (X_new, w) given G = dL/dX_new and g_w = dL/dw (absent: zero).
+std::tuple<Tensor, Tensor, Tensor, Tensor> update_backward(const Tensor& G_, const std::optional<Tensor>& g_w_,
+                                                           const Tensor& X_, const Tensor& h_, const Tensor& beta_,
+                                                           const Tensor& v_, const Tensor& rho_, const Tensor& q_) {
+  const Tensor G = G_.contiguous(), X = X_.contiguous(), h = h_.contiguous(), beta = beta_.contiguous();
+  const Tensor v = v_.contiguous(), rho = rho_.contiguous(), q = q_.contiguous();
+  const Tensor g_w = g_w_ ? g_w_->contiguous() : Tensor();
+  check_state(X, h);
+  const int64_t d = X.size(-1), dv = X.size(-2);
+  check_shape(G, X.sizes(), "dL/dX");
+  for (const Tensor& t : {v, q}) check_shape(t, {X.size(0), X.size(1), dv}, "v, q");
+  for (const Tensor& t : {beta, rho}) check_shape(t, {X.size(0), X.size(1), 1}, "beta, rho");
+  if (g_w.defined()) check_shape(g_w, v.sizes(), "dL/dw");
+  Tensor g_X = at::empty_like(X), g_h = at::empty_like(h), g_beta = at::empty_like(beta), g_v = at::empty_like(v);
+  AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "ddl_delta::update_backward", [&] {
+    update_backward_loop<scalar_t>(ptr<scalar_t>(G), g_w.defined() ? ptr<scalar_t>(g_w) : nullptr, ptr<scalar_t>(X),
+                                   ptr<scalar_t>(h), ptr<scalar_t>(beta), ptr<scalar_t>(v), ptr<scalar_t>(rho),
+                                   ptr<scalar_t>(q), g_X.data_ptr<scalar_t>(), g_h.data_ptr<scalar_t>(),
+                                   g_beta.data_ptr<scalar_t>(), g_v.data_ptr<scalar_t>(), h.numel() / d, dv, d);
+  });
+  return {g_X, g_h, g_beta, g_v};
+}
+
+Tensor read_forward(const Tensor& X_, const Tensor& A) {
+  TORCH_CHECK(X_.dim() == 4, "ddl_delta: the state is (B,T,dv,d)");
+  check_taps(A, X_.size(2), X_.size(3));
+  const Tensor X = X_.contiguous(), A_lag = taps_by_lag(A.to(X.scalar_type()));
+  const int64_t T = X.size(1), dv = X.size(2), d = X.size(3);
+  Tensor x = at::empty({X.size(0), T, d}, X.options());
+  AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "ddl_delta::read_forward", [&] {
+    read_forward_loop<scalar_t>(ptr<scalar_t>(X), ptr<scalar_t>(A_lag), x.data_ptr<scalar_t>(), X.size(0) * T, T,
+                                A_lag.size(0), dv, d);
+  });
+  return x;
+}
+
+std::tuple<Tensor, Tensor> read_backward(const Tensor& g_, const Tensor& X_, const Tensor& A) {
+  TORCH_CHECK(X_.dim() == 4, "ddl_delta: the state is (B,T,dv,d)");
+  check_taps(A, X_.size(2), X_.size(3));
+  check_shape(g_, {X_.size(0), X_.size(1), X_.size(3)}, "dL/dx");
+  const Tensor g = g_.contiguous(), X = X_.contiguous(), A_lag = taps_by_lag(A.to(X.scalar_type()));
+  const int64_t T = X.size(1), dv = X.size(2), d = X.size(3), L = A_lag.size(0);
+  Tensor g_X = at::empty_like(X), g_A_lag;
+  AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "ddl_delta::read_backward", [&] {
+    g_A_lag = sum_over_tokens<scalar_t>(X.size(0) * T, A_lag.sizes(), X, [&](int64_t first, int64_t last, scalar_t* g_A) {
+      read_backward_loop<scalar_t>(ptr<scalar_t>(g), ptr<scalar_t>(X), ptr<scalar_t>(A_lag), g_X.data_ptr<scalar_t>(),
+                                   g_A, first, last, T, L, dv, d);
+    });
+  });
+  return {g_X, taps_from_lags(g_A_lag)};
+}
+
+Tensor rank_one_forward(const Tensor& w_, const Tensor& h_, const Tensor& A) {
+  TORCH_CHECK(w_.dim() == 3 && h_.dim() == 3, "ddl_delta: w is (B,T,dv) and k~ (B,T,d)");
+  check_shape(w_, {h_.size(0), h_.size(1), w_.size(2)}, "w");
+  check_taps(A, w_.size(2), h_.size(2));
+  const Tensor w = w_.contiguous(), h = h_.contiguous(), A_lag = taps_by_lag(A.to(h.scalar_type()));
+  const int64_t T = h.size(1), d = h.size(2);
+  Tensor x = at::empty_like(h);
+  AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "ddl_delta::rank_one_forward", [&] {
+    rank_one_forward_loop<scalar_t>(ptr<scalar_t>(w), ptr<scalar_t>(h), ptr<scalar_t>(A_lag), x.data_ptr<scalar_t>(),
+                                    h.size(0) * T, T, A_lag.size(0), w.size(2), d);
+  });
+  return x;
+}
+
+std::tuple<Tensor, Tensor, Tensor> rank_one_backward(const Tensor& g_, const Tensor& w_, const Tensor& h_,
+                                                     const Tensor& A) {
+  TORCH_CHECK(w_.dim() == 3 && h_.dim() == 3, "ddl_delta: w is (B,T,dv) and k~ (B,T,d)");
+  check_shape(w_, {h_.size(0), h_.size(1), w_.size(2)}, "w");
+  check_shape(g_, h_.sizes(), "dL/dx");
+  check_taps(A, w_.size(2), h_.size(2));
+  const Tensor g = g_.contiguous(), w = w_.contiguous(), h = h_.contiguous(), A_lag = taps_by_lag(A.to(h.scalar_type()));
+  const int64_t T = h.size(1), d = h.size(2), L = A_lag.size(0);
+  Tensor g_w = at::empty_like(w), g_h = at::empty_like(h), g_A_lag;
+  AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "ddl_delta::rank_one_backward", [&] {
+    g_A_lag = sum_over_tokens<scalar_t>(h.size(0) * T, A_lag.sizes(), h, [&](int64_t first, int64_t last, scalar_t* g_A) {
+      rank_one_backward_loop<scalar_t>(ptr<scalar_t>(g), ptr<scalar_t>(w), ptr<scalar_t>(h), ptr<scalar_t>(A_lag),
+                                       g_w.data_ptr<scalar_t>(), g_h.data_ptr<scalar_t>(), g_A, first, last, T, L,
+                                       w.size(2), d);
+    });
+  });
+  return {g_w, g_h, taps_from_lags(g_A_lag)};
+}
+
+Tensor expand_forward(const Tensor& x_, const Tensor& E) {
+  TORCH_CHECK(x_.dim() == 3 && E.dim() == 3, "ddl_delta: x is (B,T,d) and the expander's taps (dv,d,L)");
+  check_taps(E, E.size(0), x_.size(2));
+  const Tensor x = x_.contiguous(), E_lag = taps_by_lag(E.to(x.scalar_type()));
+  const int64_t T = x.size(1), d = x.size(2), dv = E_lag.size(1);
+  Tensor X = at::empty({x.size(0), T, dv, d}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "ddl_delta::expand_forward", [&] {
+    expand_forward_loop<scalar_t>(ptr<scalar_t>(x), ptr<scalar_t>(E_lag), X.data_ptr<scalar_t>(), x.size(0) * T, T,
+                                  E_lag.size(0), dv, d);
+  });
+  return X;
+}
+
+std::tuple<Tensor, Tensor> expand_backward(const Tensor& g_, const Tensor& x_, const Tensor& E) {
+  TORCH_CHECK(x_.dim() == 3 && E.dim() == 3, "ddl_delta: x is (B,T,d) and the expander's taps (dv,d,L)");
+  check_taps(E, E.size(0), x_.size(2));
+  check_shape(g_, {x_.size(0), x_.size(1), E.size(0), x_.size(2)}, "dL/dX");
+  const Tensor g = g_.contiguous(), x = x_.contiguous(), E_lag = taps_by_lag(E.to(x.scalar_type()));
+  const int64_t T = x.size(1), d = x.size(2), dv = E_lag.size(1), L = E_lag.size(0);
+  Tensor g_x = at::empty_like(x), g_E_lag;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "ddl_delta::expand_backward", [&] {
+    g_E_lag = sum_over_tokens<scalar_t>(x.size(0) * T, E_lag.sizes(), x, [&](int64_t first, int64_t last, scalar_t* g_E) {
+      expand_backward_loop<scalar_t>(ptr<scalar_t>(g), ptr<scalar_t>(x), ptr<scalar_t>(E_lag), g_x.data_ptr<scalar_t>(),
+                                     g_E, first, last, T, L, dv, d);
+    });
+  });
+  return {g_x, taps_from_lags(g_E_lag)};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> norm_forward(const Tensor& x_, const Tensor& g_, const Tensor& W_c_,
+                                                        const Tensor& W_x_, double eps) {
+  const Tensor x = x_.contiguous(), g = g_.contiguous(), W_c = W_c_.contiguous(), W_x = W_x_.contiguous();
+  const int64_t d = x.size(-1), N = x.numel() / d, nc = W_c.size(0), nx = W_x.size(0);
+  check_shape(g, {d}, "the norm's weight");
+  check_shape(W_c, {nc, d}, "W_c");
+  check_shape(W_x, {nx, d}, "W_x");
+  std::vector<int64_t> rows(x.sizes().begin(), x.sizes().end() - 1);
+  auto with_last = [&](int64_t k) { auto shape = rows; shape.push_back(k); return shape; };
+  Tensor c = at::empty_like(x), l_c = at::empty(with_last(nc), x.options()), l_x = at::empty(with_last(nx), x.options());
+  Tensor rho = at::empty(with_last(1), x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "ddl_delta::norm_forward", [&] {
+    norm_forward_loop<scalar_t>(ptr<scalar_t>(x), ptr<scalar_t>(g), ptr<scalar_t>(W_c), ptr<scalar_t>(W_x), eps,
+                                c.data_ptr<scalar_t>(), l_c.data_ptr<scalar_t>(), l_x.data_ptr<scalar_t>(),
+                                rho.data_ptr<scalar_t>(), N, nc, nx, d);
+  });
+  return {c, l_c, l_x, rho};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> norm_backward(const Tensor& g_c_, const Tensor& g_lc_, const Tensor& g_lx_,
+                                                         const Tensor& x_, const Tensor& g_, const Tensor& W_c_,
+                                                         const Tensor& W_x_, const Tensor& rho_) {
+  const Tensor g_c = g_c_.contiguous(), g_lc = g_lc_.contiguous(), g_lx = g_lx_.contiguous(), x = x_.contiguous();
+  const Tensor g = g_.contiguous(), W_c = W_c_.contiguous(), W_x = W_x_.contiguous(), rho = rho_.contiguous();
+  const int64_t d = x.size(-1), N = x.numel() / d, nc = W_c.size(0), nx = W_x.size(0);
+  check_shape(g, {d}, "the norm's weight");
+  check_shape(W_c, {nc, d}, "W_c");
+  check_shape(W_x, {nx, d}, "W_x");
+  check_shape(g_c, x.sizes(), "dL/dc");
+  check_rows(g_lc, N, nc, "dL/dl_c");
+  check_rows(g_lx, N, nx, "dL/dl_x");
+  check_rows(rho, N, 1, "rho");
+  Tensor g_x = at::empty_like(x), sums;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "ddl_delta::norm_backward", [&] {
+    sums = sum_over_tokens<scalar_t>(N, {(1 + nc + nx) * d}, x, [&](int64_t first, int64_t last, scalar_t* partials) {
+      norm_backward_loop<scalar_t>(ptr<scalar_t>(g_c), ptr<scalar_t>(g_lc), ptr<scalar_t>(g_lx), ptr<scalar_t>(x),
+                                   ptr<scalar_t>(g), ptr<scalar_t>(W_c), ptr<scalar_t>(W_x), ptr<scalar_t>(rho),
+                                   g_x.data_ptr<scalar_t>(), partials, first, last, nc, nx, d);
+    });
+  });
+  return {g_x, sums.narrow(0, 0, d).clone(), sums.narrow(0, d, nc * d).view({nc, d}).clone(),
+          sums.narrow(0, (1 + nc) * d, nx * d).view({nx, d}).clone()};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(ddl_delta, m) {
+  m.def("update_forward(Tensor X, Tensor h, Tensor beta, Tensor v, float eps2) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("update_backward(Tensor G, Tensor? g_w, Tensor X, Tensor h, Tensor beta, Tensor v, Tensor rho, Tensor q)"
+        " -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("read_forward(Tensor X, Tensor A) -> Tensor");
+  m.def("read_backward(Tensor g, Tensor X, Tensor A) -> (Tensor, Tensor)");
+  m.def("rank_one_forward(Tensor w, Tensor h, Tensor A) -> Tensor");
+  m.def("rank_one_backward(Tensor g, Tensor w, Tensor h, Tensor A) -> (Tensor, Tensor, Tensor)");
+  m.def("expand_forward(Tensor x, Tensor E) -> Tensor");
+  m.def("expand_backward(Tensor g, Tensor x, Tensor E) -> (Tensor, Tensor)");
+  m.def("norm_forward(Tensor x, Tensor g, Tensor W_c, Tensor W_x, float eps) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("norm_backward(Tensor g_c, Tensor g_lc, Tensor g_lx, Tensor x, Tensor g, Tensor W_c, Tensor W_x, Tensor rho)"
+        " -> (Tensor, Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(ddl_delta, CPU, m) {
+  m.impl("update_forward", update_forward);
+  m.impl("update_backward", update_backward);
+  m.impl("read_forward", read_forward);
+  m.impl("read_backward", read_backward);
+  m.impl("rank_one_forward", rank_one_forward);
+  m.impl("rank_one_backward", rank_one_backward);
+  m.impl("expand_forward", expand_forward);
+  m.impl("expand_backward", expand_backward);
+  m.impl("norm_forward", norm_forward);
+  m.impl("norm_backward", norm_backward);
+}

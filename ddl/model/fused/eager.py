@@ -1,0 +1,113 @@
+"""The fused ops' loops as PyTorch ops, for any device: what cpu.cpp does on CPU, op by op.
+
+The same functions and signatures as cpu.cpp's ops (its header has the symbols), each a few
+passes of dot products and multiply-adds; and norm_projections, the plain form of that fused op.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def update_forward(X, h, beta, v, eps2: float):
+    """X (B,T,dv,d), h = k~ (B,T,d), beta (B,T,1), v (B,T,dv) -> X + w k~^T, w, rho, q = X k~."""
+    k = h.unsqueeze(-2)                                                          # (B,T,1,d)
+    rho = torch.rsqrt(torch.linalg.vecdot(h, h).unsqueeze(-1) + eps2)           # 1 / sqrt(|k~|^2 + eps^2)
+    q = torch.linalg.vecdot(X, k)                                                # (B,T,dv)
+    w = beta * rho * (v - rho * q)
+    return torch.addcmul(X, w.unsqueeze(-1), k), w, rho, q
+
+
+def update_backward(G, g_w, X, h, beta, v, rho, q):
+    """Gradients of update_forward's (X_new, w) for X, h, beta, v, given G = dL/dX_new, g_w = dL/dw or None."""
+    k = h.unsqueeze(-2)
+    g_w = torch.linalg.vecdot(G, k) if g_w is None else torch.linalg.vecdot(G, k) + g_w
+    res = v - rho * q                                                            # v - k^T X
+    g_res = g_w * beta * rho                                                     # = dL/dv
+    g_q = -g_res * rho
+    g_beta = (g_w * rho * res).sum(-1, keepdim=True)
+    g_rho = (g_w * beta * res - g_res * q).sum(-1, keepdim=True)
+    g_X = torch.addcmul(G, g_q.unsqueeze(-1), k)
+    g_h = h * (-g_rho * rho ** 3)                                                # through rho: -rho^3 k~
+    for j in range(X.size(-2)):                                                  # sum_j w_j G_j + g_q_j X_j
+        g_h.addcmul_(G[..., j, :], beta * rho * res[..., j:j + 1]).addcmul_(X[..., j, :], g_q[..., j:j + 1])
+    return g_X, g_h, g_beta, g_res
+
+
+def read_forward(X, A):
+    """x[t] = sum over lag, j of A[j, :, L-1-lag] * X[t-lag, j, :]; X (B,T,dv,d), A (dv,d,L) -> (B,T,d)."""
+    T, dv, L = X.size(1), X.size(2), A.size(-1)
+    x = torch.mul(X[:, :, 0], A[0, :, L - 1])
+    for lag in range(min(L, T)):
+        for j in range(dv):
+            if lag or j:
+                x[:, lag:].addcmul_(X[:, : T - lag, j], A[j, :, L - 1 - lag])
+    return x
+
+
+def read_backward(g, X, A):
+    """Shifts the (B,T,d) gradient instead of slicing the state: every pass over the state is contiguous."""
+    B, T, dv, d = X.shape
+    L = A.size(-1)
+    g_ahead = [_ahead(g, lag).unsqueeze(2) for lag in range(min(L, T))]          # g[t + lag] at t
+    g_X, product = (torch.empty(B, T, dv, d, dtype=X.dtype, device=X.device) for _ in range(2))  # contiguous
+    torch.mul(g_ahead[0], A[..., L - 1], out=g_X)
+    for lag in range(1, len(g_ahead)):
+        g_X.addcmul_(g_ahead[lag], A[..., L - 1 - lag])
+    g_A = torch.zeros_like(A)
+    for lag, g_lag in enumerate(g_ahead):
+        g_A[..., L - 1 - lag] = torch.mul(X, g_lag, out=product).view(B * T, dv * d).sum(0).view(dv, d)
+    return g_X, g_A
+
+
+def rank_one_forward(w, h, A):
+    """read_forward of the rank-1 state w k~^T from its factors w (B,T,dv), h = k~ (B,T,d)."""
+    T, L = w.size(1), A.size(-1)
+    x = (w @ A[..., L - 1]) * h
+    for lag in range(1, min(L, T)):
+        x[:, lag:].addcmul_(w[:, : T - lag] @ A[..., L - 1 - lag], h[:, : T - lag])
+    return x
+
+
+def rank_one_backward(g, w, h, A):
+    dv, d, L = A.shape
+    g_w, g_h, g_A = torch.zeros_like(w), torch.zeros_like(h), torch.zeros_like(A)
+    for lag in range(min(L, w.size(1))):
+        g_lag, A_lag = _ahead(g, lag), A[..., L - 1 - lag]                       # source token t feeds t + lag
+        g_h.addcmul_(g_lag, w @ A_lag)
+        g_P = g_lag * h
+        g_w += g_P @ A_lag.T
+        g_A[..., L - 1 - lag] = w.reshape(-1, dv).T @ g_P.reshape(-1, d)
+    return g_w, g_h, g_A
+
+
+def expand_forward(x, E):
+    """X[t, j] = sum over lag of E[j, :, L-1-lag] * x[t-lag]; x (B,T,d), E (dv,d,L) -> (B,T,dv,d)."""
+    T, L = x.size(1), E.size(-1)
+    X = x.unsqueeze(2) * E[..., L - 1]
+    for lag in range(1, min(L, T)):
+        X[:, lag:].addcmul_(x[:, : T - lag].unsqueeze(2), E[..., L - 1 - lag])
+    return X
+
+
+def expand_backward(g, x, E):
+    dv, d, L = E.shape
+    g_x, g_E = torch.zeros_like(x), torch.zeros_like(E)
+    for lag in range(min(L, x.size(1))):
+        g_lag = _ahead(g, lag)                                                   # x[t] feeds the state at t + lag
+        for j in range(dv):
+            g_x.addcmul_(g_lag[:, :, j], E[j, :, L - 1 - lag])
+            g_E[j, :, L - 1 - lag] = torch.linalg.vecdot(g_lag[:, :, j].reshape(-1, d).T, x.reshape(-1, d).T)
+    return g_x, g_E
+
+
+def norm_projections(x, weight, W_c, W_x, eps: float):
+    """(c, c W_c^T, x W_x^T) with c = rms_norm(x) * weight: the plain form, which autograd differentiates."""
+    c = F.rms_norm(x, x.shape[-1:], weight.to(x.dtype), eps)
+    return c, F.linear(c, W_c), F.linear(x, W_x)
+
+
+def _ahead(g: torch.Tensor, lag: int) -> torch.Tensor:
+    """g[:, t + lag] at position t, zero past the end: (B,T,...) -> the same shape, contiguous."""
+    return F.pad(g[:, lag:], (0, 0) * (g.dim() - 2) + (0, lag)) if lag else g

@@ -1,0 +1,87 @@
+"""Builds cpu.cpp into torch.ops.ddl_delta once per machine, on first use.
+
+torch.utils.cpp_extension compiles it (about 15 s on 2 cores) into torch's extension cache
+(TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions), one build per Python, torch and CPU
+vector width, so a cluster's shared home serves every node; later processes load it in
+milliseconds. Where it cannot be built (no compiler, no ninja) the fused ops run their eager
+loops, with one warning. DDL_NATIVE_KERNELS=0 asks for the eager loops outright.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu.cpp")
+# torch's runtime CPU dispatch level -> the compiler flags for that vector width (never -march=native:
+# the build is shared by every machine of the same level).
+VECTOR_FLAGS = {"AVX2": ["-mavx2", "-mfma"], "AVX512": ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mfma"]}
+
+
+def enabled() -> bool:
+    return os.environ.get("DDL_NATIVE_KERNELS", "1") != "0"
+
+
+def build_directory() -> Path:
+    """Where this Python, torch and CPU vector width's build lives, under torch's extension cache."""
+    from torch.utils import cpp_extension
+
+    level = torch.backends.cpu.get_cpu_capability()
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}_torch{torch.__version__}_{level}"
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    return Path(root) / "ddl_delta" / tag.replace(".", "").replace("+", "_")
+
+
+@functools.cache
+def ops():
+    """torch.ops.ddl_delta, built or loaded; None if it cannot be built (after one warning)."""
+    from torch.utils import cpp_extension
+
+    build_dir = build_directory()
+    vector_flags = VECTOR_FLAGS.get(torch.backends.cpu.get_cpu_capability(), [])
+    try:
+        build_dir.mkdir(parents=True, exist_ok=True)
+        with open(build_dir / "ddl.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)           # released by the OS even if the holder is killed
+            (build_dir / "lock").unlink(missing_ok=True)  # torch's own lock file, left by a killed build
+            cpp_extension.load(name="ddl_delta", sources=[str(SOURCE)], build_directory=str(build_dir),
+                               extra_cflags=["-O3", "-fopenmp", *vector_flags],
+                               extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+    except Exception as error:  # noqa: BLE001 - any build failure falls back to the eager loops
+        lines = str(error).strip().splitlines()
+        reason = next((line.strip() for marker in ("error:", "error") for line in lines if marker in line.lower()),
+                      lines[-1] if lines else repr(error))
+        warnings.warn(f"ddl: the C++ Delta kernels could not be built in {build_dir} ({reason}); "
+                      f"the fused kernels run as PyTorch ops on CPU (slower, same numbers)", stacklevel=2)
+        return None
+    _register_fakes()
+    return torch.ops.ddl_delta
+
+
+def _register_fakes() -> None:
+    """Output shapes for torch.compile's tracing (train.compile=true traces through the fused ops).
+    Every output is a new contiguous tensor, as cpu.cpp makes them."""
+    def new(t, shape=None):
+        return t.new_empty(t.shape if shape is None else shape)
+
+    fakes = {
+        "update_forward": lambda X, h, beta, v, eps2: (new(X), new(v), new(beta), new(v)),
+        "update_backward": lambda G, g_w, X, h, beta, v, rho, q: (new(X), new(h), new(beta), new(v)),
+        "read_forward": lambda X, A: new(X, X.shape[:2] + X.shape[3:]),
+        "read_backward": lambda g, X, A: (new(X), new(A)),
+        "rank_one_forward": lambda w, h, A: new(h),
+        "rank_one_backward": lambda g, w, h, A: (new(w), new(h), new(A)),
+        "expand_forward": lambda x, E: new(x, x.shape[:2] + E.shape[:2]),
+        "expand_backward": lambda g, x, E: (new(x), new(E)),
+        "norm_forward": lambda x, g, W_c, W_x, eps: (new(x), new(x, x.shape[:-1] + W_c.shape[:1]),
+                                                     new(x, x.shape[:-1] + W_x.shape[:1]), new(x, x.shape[:-1] + (1,))),
+        "norm_backward": lambda g_c, g_lc, g_lx, x, g, W_c, W_x, rho: (new(x), new(g), new(W_c), new(W_x)),
+    }
+    for name, fake in fakes.items():
+        torch.library.register_fake(f"ddl_delta::{name}")(fake)

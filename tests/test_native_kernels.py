@@ -1,0 +1,96 @@
+"""The C++ build of the fused kernels (ddl/model/fused/native.py): it builds here, declares its
+outputs for torch.compile, survives a build killed midway, and falls back to the PyTorch-op loops
+where no compiler works."""
+
+import os
+import subprocess
+import sys
+
+import torch
+
+from ddl.model import GPT, model_config
+from ddl.model.fused import native
+
+D, DV, K_EPS = 16, 4, 1e-5
+MICRO_LOSS = """
+import torch
+from ddl.model import GPT, model_config
+torch.manual_seed(0)
+model = GPT(model_config("micro", vocab_size=64, residual="ddl", dv=4, conv="ec"))
+idx = torch.arange(24).view(2, 12) % 64
+_, loss = model(idx, idx)
+loss.backward()
+print(repr(loss.item()), repr(model.blocks[0].compress.read.grad.sum().item()))
+"""
+
+
+def python(code: str, timeout: float, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **env})
+
+
+def test_cpp_ops_declare_their_outputs_for_torch_compile():
+    """Each C++ op's schema and fake (what torch.compile traces with) match what the op returns."""
+    ops = native.ops()
+    assert ops is not None, "the C++ kernels did not build"
+    g = torch.Generator().manual_seed(9)
+    B, T, L = 2, 5, 4
+    X, k_raw, v, w = (torch.randn(*shape, generator=g) for shape in ((B, T, DV, D), (B, T, D), (B, T, DV), (B, T, DV)))
+    beta = torch.rand(B, T, 1, generator=g)
+    taps = torch.randn(D, DV, L, generator=g).transpose(0, 1)                   # not contiguous, as the model's
+    G, g_x = torch.randn(B, T, DV, D, generator=g), torch.randn(B, T, D, generator=g)
+    _, _, rho, q = ops.update_forward(X, k_raw, beta, v, K_EPS ** 2)
+    calls = {"update_forward": (X, k_raw, beta, v, K_EPS ** 2), "update_backward": (G, w, X, k_raw, beta, v, rho, q),
+             "read_forward": (X, taps), "read_backward": (g_x, X, taps), "rank_one_forward": (w, k_raw, taps),
+             "rank_one_backward": (g_x, w, k_raw, taps), "expand_forward": (k_raw, taps), "expand_backward": (G, k_raw, taps),
+             "norm_forward": (k_raw, k_raw[0, 0], X[0, 0, :1], X[0, 1], 1e-6)}
+    c, l_c, l_x, rho_norm = ops.norm_forward(*calls["norm_forward"])
+    calls["norm_backward"] = (torch.randn_like(c), torch.randn_like(l_c), torch.randn_like(l_x),
+                              *calls["norm_forward"][:4], rho_norm)
+    for name, args in calls.items():
+        result = torch.library.opcheck(getattr(ops, name).default, args, test_utils=("test_schema", "test_faketensor"))
+        assert set(result.values()) == {"SUCCESS"}, (name, result)
+
+
+def test_the_cpp_kernels_give_the_same_bits_whatever_the_thread_count():
+    """A run is a pure function of its config: resumed on a node with other CPUs (a SLURM requeue), it
+    continues the same curve. The C++ sums over tokens are chunked by the token count alone."""
+    assert native.ops() is not None
+    idx = torch.arange(4 * 128).view(4, 128) % 64                               # 512 tokens: two chunks
+    results, threads = [], torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            torch.manual_seed(0)
+            model = GPT(model_config("micro", vocab_size=64, max_seq_len=128, residual="ddl", dv=4, conv="ec"))
+            _, loss = model(idx, idx)
+            loss.backward()
+            results.append([loss.detach()] + [p.grad for p in model.parameters()])
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other))
+
+
+def test_a_build_killed_midway_does_not_hang_the_next_process():
+    """torch's own build lock is a plain file: a build killed by SIGKILL (a SLURM time-out, the OOM
+    killer) leaves it, and torch alone would then wait on it forever."""
+    assert native.ops() is not None
+    stale = native.build_directory() / "lock"
+    stale.touch()
+    try:
+        done = python("from ddl.model.fused import native; assert native.ops() is not None", timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert not stale.exists()
+    finally:
+        stale.unlink(missing_ok=True)
+
+
+def test_without_a_compiler_the_fused_kernels_run_as_pytorch_ops(tmp_path):
+    done = python(MICRO_LOSS, timeout=300, CXX="/bin/false", TORCH_EXTENSIONS_DIR=str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "the C++ Delta kernels could not be built" in done.stderr and "/bin/false" in done.stderr
+    built = python(MICRO_LOSS, timeout=300)
+    assert built.returncode == 0 and "could not be built" not in built.stderr, built.stderr[-2000:]
+    eager, cpp = (torch.tensor([float(value) for value in run.stdout.split()]) for run in (done, built))
+    assert torch.allclose(eager, cpp, atol=1e-5)                                   # loss, a taps gradient
