@@ -29,6 +29,7 @@ import torch
 from . import paths
 from .model import GPT, SIZES, ModelConfig
 from .model.config import BF16_PEAK_FLOPS, training_flops
+from .model.fused import eager, loops_for
 from .train.distributed import keep_freed_memory
 
 DDL_ARMS = {"ddl_dv1": dict(residual="ddl", dv=1), "ddl_dv4": dict(residual="ddl", dv=4),
@@ -251,7 +252,8 @@ def model_table(rows: dict) -> list[str]:
 def markdown(result: dict) -> str:
     lines = [f"# ddl bench ({result['machine']['device']}, torch {result['machine']['torch']}, "
              f"{result['machine']['threads']} threads)", "",
-             f"Model config: {result['config']}; `_compiled` arms run the Delta ops with kernels=compiled.", ""]
+             f"Model config: {result['config']}; the fused arms' loops ran as {result['machine']['fused_loops']}; "
+             "`_compiled` arms run the Delta ops with kernels=compiled.", ""]
     lines += model_table(result["model"])
     for key in ("model_small_bf16", "model_small_bf16_compiled"):
         if key in result:
@@ -284,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     shape, batch, seq = CPU_SHAPE, 8, 256
     result = {"machine": {"device": torch.cuda.get_device_name() if cuda else cpu_name(),
                           "torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
-                          "keep_freed_memory": reuses_memory},
+                          "keep_freed_memory": reuses_memory,
+                          "fused_loops": "PyTorch ops" if loops_for(torch.empty(0, device=device)) is eager else "C++"},
               "config": {**shape, "batch": batch, "seq_len": seq}}
     result["model"] = model_costs(device, shape, batch, seq, rounds, steps, compile_=False)
     if cuda:  # the paper's small size, bf16, compiled and not

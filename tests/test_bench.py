@@ -21,6 +21,7 @@ def test_quick_bench_writes_every_arm_as_a_ratio_to_the_baseline(tmp_path, ddl_h
     result = json.loads((out / "bench.json").read_text())
     rows = result["model"]
     assert list(rows) == list(ARMS)
+    assert result["machine"]["fused_loops"] == "C++"                      # what the CPU figures are of
     assert rows["baseline"]["time_ratio"] == 1.0 and rows["baseline"]["memory_ratio"] == 1.0
     for name, row in rows.items():
         assert row["step_ms"] > 0 and row["tokens_per_s"] > 0, name
