@@ -13,9 +13,10 @@ Knob semantics (paper sections 3-4, appendix B; the reference implementation whe
 - beta_init: the gate's value at init, in [0, 2]; the gate bias is logit(beta_init / 2).
 - kernels: how the Delta residual's own ops run; the same numbers up to float rounding (a
   separate run, like train.compile).
-    fused     hand-written autograd kernels in eager PyTorch (no compile step)
-    compiled  the plain PyTorch forms through torch.compile: one generated kernel per op
-              (C++ on CPU, Triton on CUDA), compiled on first use
+    fused     hand-written autograd kernels (ddl/model/fused): C++ loops on CPU, built once per
+              machine on first use; PyTorch ops elsewhere
+    compiled  the plain PyTorch forms of the update and the read through torch.compile: one
+              generated kernel per op (C++ on CPU, Triton on CUDA), compiled on first use
 """
 
 from __future__ import annotations
