@@ -29,6 +29,18 @@ inline T dot(const T* __restrict__ a, const T* __restrict__ b, int64_t n) {
   return s;
 }
 
+// At one lag of a depthwise conv over T with output y: the input's gradient out += taps * y and
+// the taps' gradient g_taps += own * y (own: the input the taps weighed).
+template <typename T>
+inline void conv_grads_at_lag(T* __restrict__ out, T* __restrict__ g_taps, const T* taps, const T* own, const T* y,
+                              int64_t d) {
+#pragma omp simd
+  for (int64_t i = 0; i < d; ++i) {
+    out[i] += taps[i] * y[i];
+    g_taps[i] += own[i] * y[i];
+  }
+}
+
 // Sums over tokens (the taps' and the norm's weight gradients): body(first, last, partial) adds
 // tokens [first, last) into a zeroed partial of `shape`, per chunk of tokens, and the partials are
 // then summed in chunk order. The chunks depend on n alone, so the result is the same bits whatever
@@ -148,15 +160,8 @@ void read_backward_loop(const T* g, const T* X, const T* A, T* g_X, T* g_A, int6
       const T* s = X + (n * dv + j) * d;
       T* gs = g_X + (n * dv + j) * d;
       std::fill(gs, gs + d, T(0));
-      for (int64_t lag = 0; lag < lags; ++lag) {
-        const T *a = A + (lag * dv + j) * d, *gy = g + (n + lag) * d;
-        T* ga = g_A + (lag * dv + j) * d;
-#pragma omp simd
-        for (int64_t i = 0; i < d; ++i) {
-          gs[i] += a[i] * gy[i];
-          ga[i] += s[i] * gy[i];
-        }
-      }
+      for (int64_t lag = 0; lag < lags; ++lag)
+        conv_grads_at_lag(gs, g_A + (lag * dv + j) * d, A + (lag * dv + j) * d, s, g + (n + lag) * d, d);
     }
   }
 }
@@ -234,15 +239,8 @@ void expand_backward_loop(const T* g, const T* x, const T* E, T* g_x, T* g_E, in
     T* gs = g_x + n * d;
     std::fill(gs, gs + d, T(0));
     for (int64_t lag = 0; lag < std::min(L, T_ - n % T_); ++lag) {  // x[n] feeds the state at n + lag
-      for (int64_t j = 0; j < dv; ++j) {
-        const T *e = E + (lag * dv + j) * d, *gy = g + ((n + lag) * dv + j) * d;
-        T* ge = g_E + (lag * dv + j) * d;
-#pragma omp simd
-        for (int64_t i = 0; i < d; ++i) {
-          gs[i] += e[i] * gy[i];
-          ge[i] += gy[i] * s[i];
-        }
-      }
+      for (int64_t j = 0; j < dv; ++j)
+        conv_grads_at_lag(gs, g_E + (lag * dv + j) * d, E + (lag * dv + j) * d, s, g + ((n + lag) * dv + j) * d, d);
     }
   }
 }
