@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .fused import FusedDeltaUpdate, FusedExpand, FusedRankOneRead, FusedStateRead, norm_projections
+from .fused import FusedDeltaUpdate, FusedExpand, FusedRankOneRead, FusedStateRead, at_least_fp32, norm_projections
 
 
 def delta_update(X: torch.Tensor, k_raw: torch.Tensor, beta: torch.Tensor, v: torch.Tensor,
@@ -39,16 +39,12 @@ def delta_update(X: torch.Tensor, k_raw: torch.Tensor, beta: torch.Tensor, v: to
     The plain PyTorch form: the reference that FusedDeltaUpdate (what the model runs) is tested
     against. X (B,T,dv,d), k~ (B,T,d), beta (B,T,1) fp32, v (B,T,dv).
     """
-    acc = _at_least_fp32(X.dtype)
+    acc = at_least_fp32(X.dtype)
     k_raw = k_raw.to(acc)
     rho = torch.rsqrt((k_raw * k_raw).sum(-1, keepdim=True) + k_eps ** 2)   # k = rho k~: (B,T,1)
     proj = (X * k_raw.unsqueeze(-2)).sum(-1, dtype=acc) * rho              # k^T X: (B,T,dv)
     w = beta * (v.to(acc) - proj) * rho                                    # (B,T,dv)
     return X + w.to(X.dtype).unsqueeze(-1) * k_raw.to(X.dtype).unsqueeze(-2), w
-
-
-def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
-    return torch.promote_types(dtype, torch.float32)
 
 
 def _logit(p: float) -> float:
@@ -104,7 +100,7 @@ class DeltaResidual(nn.Module):
             logits = inp.beta_pre + self.beta_gate.bias
         else:
             logits = self.beta_gate[1:](inp.beta_pre)                         # tanh, then the output layer
-        beta = 2.0 * torch.sigmoid(logits.to(_at_least_fp32(logits.dtype)))
+        beta = 2.0 * torch.sigmoid(logits.to(at_least_fp32(logits.dtype)))
         if self.mapping == "k":
             k_raw, v_raw = h, inp.v_pre + self.W_v.bias
         else:

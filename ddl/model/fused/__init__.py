@@ -27,7 +27,8 @@ def _native() -> bool:
     return native.enabled() and native.ops() is not None
 
 
-def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
+def at_least_fp32(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the Delta ops compute in: fp32, or the input's if wider (float64 in the tests)."""
     return torch.promote_types(dtype, torch.float32)
 
 
@@ -45,7 +46,7 @@ class FusedDeltaUpdate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, X, h, beta, v, k_eps: float):
         with torch.autocast(X.device.type, enabled=False):
-            acc = _at_least_fp32(X.dtype)
+            acc = at_least_fp32(X.dtype)
             inputs = [t.to(acc) for t in (X, h, beta, v)]
             X_new, w, rho, q = loops_for(X).update_forward(*inputs, k_eps ** 2)
         ctx.save_for_backward(*inputs, rho, q)
@@ -84,7 +85,7 @@ def norm_projections(x, weight, W_c, W_x, eps: float):
     """(c, c W_c^T, x W_x^T) with c = rms_norm(x) * weight: a sublayer's RMSNorm with the gates that
     read its output and its input. On CPU one fused op (its backward adds the gates' gradients
     into the norm's instead of writing and summing separate ones); elsewhere the plain ops."""
-    if x.device.type == "cpu" and _native():
+    if loops_for(x) is not eager:
         return FusedNormProjections.apply(x, weight, W_c, W_x, eps)
     return eager.norm_projections(x, weight, W_c, W_x, eps)
 
@@ -95,7 +96,7 @@ class FusedNormProjections(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, W_c, W_x, eps: float):
         with torch.autocast(x.device.type, enabled=False):
-            acc = _at_least_fp32(x.dtype)
+            acc = at_least_fp32(x.dtype)
             inputs = [t.to(acc) for t in (x, weight, W_c, W_x)]
             c, l_c, l_x, rho = torch.ops.ddl_delta.norm_forward(*inputs, eps)
         ctx.save_for_backward(*inputs, rho)
