@@ -138,15 +138,18 @@ def assert_same_map_and_gradients(fused, eager, X, module):
         assert torch.allclose(a, b, atol=1e-10)
 
 
-@pytest.mark.parametrize("kernel", [1, 2, 4])
-def test_cc_mixing_equals_conv_along_dv_then_read(kernel):
+@pytest.mark.parametrize("padding", ["centered", "causal"])
+@pytest.mark.parametrize("kernel", [1, 2, 3, 4])
+def test_cc_mixing_equals_conv_along_dv_then_read(kernel, padding):
     import torch.nn.functional as F
-    cfg = model_config("micro", vocab_size=VOCAB, residual="ddl", dv=4, conv="cc", state_conv_kernel=kernel)
+    cfg = model_config("micro", vocab_size=VOCAB, residual="ddl", dv=4, conv="cc", state_conv_kernel=kernel,
+                       cc_padding=padding)
     compress = ChannelConvCompressor(cfg).double()
     torch.nn.init.normal_(compress.read)
+    left = kernel - 1 if padding == "causal" else (kernel - 1) // 2
 
     def conv_along_dv_then_read(X):                                           # X: the paper's d x dv
-        windows = F.pad(X, (kernel - 1, 0)).unfold(-1, kernel, 1)
+        windows = F.pad(X, (left, kernel - 1 - left)).unfold(-1, kernel, 1)
         return torch.einsum("btdjk,dk->btdj", windows, compress.weight) @ compress.read
 
     X = torch.randn(2, 3, 4, 64, dtype=torch.float64)                            # stored (B,T,dv,d)
@@ -228,12 +231,14 @@ def test_the_fused_kernels_give_the_same_numbers_in_cpp_and_in_pytorch_ops(name,
     assert_same_numbers(native, loss_and_grads(micro(**VARIANTS[name])))
 
 
-def test_beta_stats_follow_beta_init():
-    model = micro(residual="ddl", dv=4, beta_init=0.5)
+@pytest.mark.parametrize("init, tolerance", [("gpt2", 0.05), ("reference", 0.15)])
+def test_beta_stats_follow_beta_init(init, tolerance):
+    """beta = 2 sigmoid(w.c + logit(beta_init/2)): the reference's w (std 0.5/sqrt(d)) spreads it more."""
+    model = micro(residual="ddl", dv=4, beta_init=0.5, init=init)
     model(tokens())
     stats = model.beta_stats()
-    assert abs(stats["beta/mean"] - 0.5) < 0.05
-    assert stats["beta/frac_gt1"] == 0.0
+    assert abs(stats["beta/mean"] - 0.5) < tolerance
+    assert stats["beta/frac_gt1"] < 0.05
     assert {"beta/L00.attn/mean", "beta/L01.mlp/std", "beta/L01.mlp/frac_gt1"} <= stats.keys()
     assert micro().beta_stats() == {}
 
@@ -247,6 +252,16 @@ def test_effective_config_drops_knobs_that_cannot_change_the_numbers():
                                            read_init=0.25, embed_conv_kernel=3).effective()
     assert model_config("micro", residual="ddl", dv=4, conv="cc").effective() != dv4.effective()
     assert model_config("micro", residual="baseline", kernels="compiled").effective() == base.effective()
+    # the d_v-axis conv's padding matters only for cc/cc_ec with more than one tap; init and norms always
+    assert model_config("micro", residual="ddl", dv=4, cc_padding="causal").effective() == dv4.effective()
+    assert model_config("micro", residual="baseline", cc_padding="causal").effective() == base.effective()
+    cc = model_config("micro", residual="ddl", dv=4, conv="cc")
+    assert model_config("micro", residual="ddl", dv=4, conv="cc", cc_padding="causal").effective() != cc.effective()
+    assert model_config("micro", residual="ddl", dv=4, conv="cc", state_conv_kernel=1, cc_padding="causal"
+                        ).effective() == model_config("micro", residual="ddl", dv=4, conv="cc",
+                                                      state_conv_kernel=1).effective()
+    for change in (dict(init="gpt2"), dict(norm_eps=1e-6), dict(qk_norm="before_rope")):
+        assert model_config("micro", residual="baseline", **change).effective() != base.effective()
 
 
 @pytest.mark.parametrize("overrides, key", [
@@ -263,6 +278,10 @@ def test_effective_config_drops_knobs_that_cannot_change_the_numbers():
     (dict(residual="ddl", dv=4, conv="cc", state_conv_kernel=5), "state_conv_kernel"),
     (dict(k_eps=-1.0), "k_eps"),
     (dict(kernels="triton"), "kernels"),
+    (dict(init="xavier"), "init"),
+    (dict(cc_padding="left"), "cc_padding"),
+    (dict(qk_norm="never"), "qk_norm"),
+    (dict(norm_eps=-1e-5), "norm_eps"),
     (dict(n_layer=0), "n_layer"),
 ])
 def test_invalid_configs_raise_one_clear_line(overrides, key):

@@ -10,7 +10,20 @@ Knob semantics (paper sections 3-4, appendix B; the reference implementation whe
     cc_ec  cc + ec
 - state_conv_kernel: the compressor's kernel. Over T for none/ec (default 4); along d_v for
   cc/cc_ec (default d_v, the paper's setting; larger than d_v is an error).
+- cc_padding: how the conv along d_v pads (cc/cc_ec). 'centered' (left (K-1)//2; the reference
+  code's default, what its models were trained with) or 'causal' (left K-1; paper appendix B.3
+  and the reference's accelerated file behind a flag that is off by default).
 - beta_init: the gate's value at init, in [0, 2]; the gate bias is logit(beta_init / 2).
+- init: how weights start. 'reference' (the reference code's init_gpt_weights, what the paper's
+  numbers came from): tied embedding N(0, init_std), every other matrix and conv kernel
+  N(0, 0.5/sqrt(d)), the attention and MLP output projections N(0, 0.5/sqrt(d L)), W_v's bias
+  PyTorch's Linear default U(+-1/sqrt(d)). 'gpt2' (GPT-2 / nanoGPT style, the paper's text names
+  muP but gives no recipe): every Linear N(0, init_std), output projections init_std/sqrt(2L),
+  biases 0, conv kernels U(+-1/sqrt(K)). Both: norm weights 1, read vector w_p = read_init,
+  beta's bias logit(beta_init/2), the EC expander the identity.
+- norm_eps: every RMSNorm's eps (block, QK and final norms); 1e-5 as in the reference code.
+- qk_norm: 'after_rope' (the reference: rotate q, k, then RMSNorm each head) or 'before_rope'
+  (RMSNorm, then rotate: how checkpoints written before reference parity were trained).
 - kernels: how the Delta residual's own ops run; the same numbers up to float rounding (a
   separate run, like train.compile).
     fused     hand-written autograd kernels (ddl/model/fused): C++ loops on CPU, built once per
@@ -29,6 +42,12 @@ CONVS = ("none", "ec", "cc", "cc_ec")
 MAPPINGS = ("k", "v")
 BETA_ESTIMATORS = ("linear", "mlp")
 KERNELS = ("fused", "compiled")
+INITS = ("reference", "gpt2")
+CC_PADDINGS = ("centered", "causal")
+QK_NORMS = ("after_rope", "before_rope")
+# What a config saved before these fields existed was built with (a checkpoint written before
+# reference parity): loading it with these values computes the function it was trained as.
+PRE_PARITY = dict(init="gpt2", norm_eps=1e-6, qk_norm="before_rope", cc_padding="causal")
 DEFAULT_TIME_KERNEL = 4
 
 
@@ -67,7 +86,11 @@ class ModelConfig:
     read_init: float | None = None
     kernels: str = "fused"
     rope_base: float = 10000.0
+    init: str = "reference"
     init_std: float = 0.02
+    norm_eps: float = 1e-5
+    qk_norm: str = "after_rope"
+    cc_padding: str = "centered"
 
     def __post_init__(self) -> None:
         for key in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len", "dv", "beta_hidden",
@@ -78,6 +101,9 @@ class ModelConfig:
         _need_choice("mapping", self.mapping, MAPPINGS)
         _need_choice("beta_estimator", self.beta_estimator, BETA_ESTIMATORS)
         _need_choice("kernels", self.kernels, KERNELS)
+        _need_choice("init", self.init, INITS)
+        _need_choice("qk_norm", self.qk_norm, QK_NORMS)
+        _need_choice("cc_padding", self.cc_padding, CC_PADDINGS)
         if self.d_model % self.n_head:
             _fail("d_model", self.d_model, f"must be divisible by n_head={self.n_head}")
         if (self.d_model // self.n_head) % 2:
@@ -85,7 +111,7 @@ class ModelConfig:
         if isinstance(self.beta_init, bool) or not isinstance(self.beta_init, (int, float)) \
                 or not 0.0 <= self.beta_init <= 2.0:
             _fail("beta_init", self.beta_init, "must be a number in [0, 2] (beta = 2*sigmoid(.) lives there)")
-        for key in ("k_eps", "v_sigmoid_scale"):
+        for key in ("k_eps", "v_sigmoid_scale", "norm_eps"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 _fail(key, value, "must be a number >= 0")
@@ -96,6 +122,11 @@ class ModelConfig:
                 _fail("conv", self.conv, "needs dv > 1 (the conv variants act on the expanded state); use conv=none")
             if self.channel_conv and self.state_kernel > self.dv:
                 _fail("state_conv_kernel", self.state_kernel, f"must be <= dv={self.dv} for conv={self.conv}")
+
+    @classmethod
+    def from_saved(cls, fields: dict) -> "ModelConfig":
+        """A config read back from a checkpoint; fields it predates take their PRE_PARITY values."""
+        return cls(**{**PRE_PARITY, **fields})
 
     @property
     def head_dim(self) -> int:
@@ -132,7 +163,7 @@ class ModelConfig:
         """
         defaults = ModelConfig()
         ddl_knobs = ("dv", "conv", "mapping", "beta_init", "beta_estimator", "beta_hidden", "k_eps", "kernels",
-                     "v_sigmoid_scale", "state_conv_kernel", "embed_conv_kernel", "read_init")
+                     "v_sigmoid_scale", "state_conv_kernel", "embed_conv_kernel", "read_init", "cc_padding")
         if self.residual == "baseline":
             return dataclasses.replace(self, **{k: getattr(defaults, k) for k in ddl_knobs})
         changes: dict = {"beta_init": float(self.beta_init)}
@@ -145,6 +176,8 @@ class ModelConfig:
             changes.update(state_conv_kernel=None, read_init=None)
         if not self.embed_conv:
             changes["embed_conv_kernel"] = defaults.embed_conv_kernel
+        if not (self.expanded and self.channel_conv and self.state_kernel > 1):   # one tap pads nothing
+            changes["cc_padding"] = defaults.cc_padding
         return dataclasses.replace(self, **changes)
 
 

@@ -202,11 +202,12 @@ class TimeConvCompressor(StateCompressor):
 
 
 class ChannelConvCompressor(StateCompressor):
-    """conv cc/cc_ec: per-feature causal conv along the d_v axis, then the read vector w_p.
+    """conv cc/cc_ec: per-feature conv along the d_v axis, then the read vector w_p.
 
-    Both maps are linear along d_v, so together they are one per-feature weighted sum
-    x_in[i] = sum_j a[i, j] X[i, j] with a[i, j] = sum_s c[i, K-1-s] w_p[j + s] (lag s; the last
-    tap is lag 0, as in the causal conv over T): computed from the (d, K) kernel and w_p, never
+    The conv pads (K-1) zeros, `pad` = (K-1)//2 of them on the left (cc_padding=centered) or all
+    K-1 (causal), and returns d_v outputs: out[o] = sum_s c[s] X[o + s - pad]. Both maps are linear
+    along d_v, so together they are one per-feature weighted sum x_in[i] = sum_j a[i, j] X[i, j] with
+    a[i, j] = sum_s c[i, s] w_p[j + pad - s]: computed from the (d, K) kernel and w_p, never
     materialising the convolved state.
     """
 
@@ -215,14 +216,18 @@ class ChannelConvCompressor(StateCompressor):
         K = cfg.state_kernel
         self.weight = nn.Parameter(torch.empty(cfg.d_model, K).uniform_(-K ** -0.5, K ** -0.5))   # c
         self.read = nn.Parameter(torch.full((cfg.dv,), cfg.read_value))                           # w_p
+        self.pad = K - 1 if cfg.cc_padding == "causal" else (K - 1) // 2
         self.ops = delta_kernels(cfg.kernels)
 
     def mixing(self) -> torch.Tensor:
-        dv = self.read.numel()
+        dv, K = self.read.numel(), self.weight.size(1)
         a = self.weight.new_zeros(self.weight.size(0), dv)
-        K = self.weight.size(1)
-        for s in range(K):                             # lag s: channel j feeds the output at j + s
-            a[:, : dv - s] += self.weight[:, K - 1 - s:K - s] * self.read[s:]
+        for s in range(K):                    # tap s: channel j feeds the output o = j + shift
+            shift = self.pad - s
+            if shift >= 0:
+                a[:, : dv - shift] += self.weight[:, s:s + 1] * self.read[shift:]
+            else:
+                a[:, -shift:] += self.weight[:, s:s + 1] * self.read[: dv + shift]
         return a                                                               # (d, dv)
 
     def taps(self) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """GPT backbone shared by both arms; only the residual rule differs (paper section 4).
 
 Pre-norm RMSNorm, causal multi-head attention with RoPE and QK-RMSNorm, SwiGLU MLP with
-hidden floor(8/3 d), no biases, tied embedding / LM head, final RMSNorm.
+hidden floor(8/3 d), no biases, tied embedding / LM head, final RMSNorm. By default the
+reference code's choices (ModelConfig: init, norm_eps, qk_norm, cc_padding).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from torch import nn
 
 from .config import ModelConfig
 from .delta import DeltaResidual, EmbedExpander, make_compressor
+from .fused import at_least_fp32
 
-NORM_EPS = 1e-6
+OUTPUT_PROJECTIONS = ("attn.proj.weight", "mlp.w_down.weight")
 
 
 def rope_tables(head_dim: int, max_seq_len: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,13 +47,17 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.q_norm = RMSNorm(cfg.head_dim, eps=NORM_EPS)
-        self.k_norm = RMSNorm(cfg.head_dim, eps=NORM_EPS)
+        self.q_norm = RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+        self.norm_after_rope = cfg.qk_norm == "after_rope"
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, d = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).transpose(1, 3).unbind(2)  # (B,H,T,Dh)
-        q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
+        if self.norm_after_rope:
+            q, k = self.q_norm(apply_rope(q, cos, sin)), self.k_norm(apply_rope(k, cos, sin))
+        else:
+            q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(B, T, d))
 
@@ -73,8 +79,8 @@ class AdditiveBlock(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.norm_attn, self.attn = RMSNorm(cfg.d_model, eps=NORM_EPS), CausalSelfAttention(cfg)
-        self.norm_mlp, self.mlp = RMSNorm(cfg.d_model, eps=NORM_EPS), SwiGLU(cfg)
+        self.norm_attn, self.attn = RMSNorm(cfg.d_model, eps=cfg.norm_eps), CausalSelfAttention(cfg)
+        self.norm_mlp, self.mlp = RMSNorm(cfg.d_model, eps=cfg.norm_eps), SwiGLU(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm_attn(x), cos, sin)
@@ -92,8 +98,8 @@ class DeltaBlock(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.compress = make_compressor(cfg) if cfg.expanded else None
-        self.norm_attn, self.attn = RMSNorm(cfg.d_model, eps=NORM_EPS), CausalSelfAttention(cfg)
-        self.norm_mlp, self.mlp = RMSNorm(cfg.d_model, eps=NORM_EPS), SwiGLU(cfg)
+        self.norm_attn, self.attn = RMSNorm(cfg.d_model, eps=cfg.norm_eps), CausalSelfAttention(cfg)
+        self.norm_mlp, self.mlp = RMSNorm(cfg.d_model, eps=cfg.norm_eps), SwiGLU(cfg)
         self.delta_attn, self.delta_mlp = DeltaResidual(cfg), DeltaResidual(cfg)
 
     def read(self, X: torch.Tensor) -> torch.Tensor:
@@ -122,7 +128,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(block(cfg) for _ in range(cfg.n_layer))
         self.expand = EmbedExpander(cfg) if cfg.expanded and cfg.embed_conv else None
         self.readout = make_compressor(cfg) if cfg.expanded else None   # final readout before norm_f
-        self.norm_f = RMSNorm(cfg.d_model, eps=NORM_EPS)
+        self.norm_f = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
         cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)
@@ -131,17 +137,39 @@ class GPT(nn.Module):
         self._init_weights()
 
     def _init_weights(self) -> None:
+        """ModelConfig.init: 'reference' or 'gpt2' (its docstring says what each sets)."""
+        if self.cfg.init == "reference":
+            self._init_reference()
+        else:
+            self._init_gpt2()
+        for _, delta in self.delta_residuals():  # after the generic pass, which may zero biases
+            gate_out = delta.beta_gate if isinstance(delta.beta_gate, nn.Linear) else delta.beta_gate[-1]
+            nn.init.constant_(gate_out.bias, delta.beta_bias_init)       # beta = beta_init at init
+
+    def _init_reference(self) -> None:
+        """Every matrix and conv kernel N(0, 0.5/sqrt(d)), the output projections N(0, 0.5/sqrt(d L)),
+        the embedding N(0, init_std); vectors (norms, biases, w_p) keep their construction values."""
+        hidden_std = 0.5 / math.sqrt(self.cfg.d_model)
+        for name, p in self.named_parameters():
+            if p.dim() < 2 or (self.expand is not None and p is self.expand.weight):   # EC stays the identity
+                continue
+            if name == "wte.weight":
+                std = self.cfg.init_std
+            elif name.endswith(OUTPUT_PROJECTIONS):
+                std = hidden_std / math.sqrt(self.cfg.n_layer)
+            else:
+                std = hidden_std
+            nn.init.normal_(p, 0.0, std)
+
+    def _init_gpt2(self) -> None:
         std = self.cfg.init_std
         residual_out_std = std / math.sqrt(2 * self.cfg.n_layer)
         for name, module in self.named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                is_out = name.endswith(("attn.proj", "mlp.w_down"))
+                is_out = f"{name}.weight".endswith(OUTPUT_PROJECTIONS)
                 nn.init.normal_(module.weight, 0.0, residual_out_std if is_out else std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
-        for _, delta in self.delta_residuals():  # after the generic pass, which zeroes biases
-            gate_out = delta.beta_gate if isinstance(delta.beta_gate, nn.Linear) else delta.beta_gate[-1]
-            nn.init.constant_(gate_out.bias, delta.beta_bias_init)       # beta = beta_init at init
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         B, T = idx.shape
@@ -164,7 +192,8 @@ class GPT(nn.Module):
         else:
             for block in self.blocks:
                 x = block(x, cos, sin)
-        logits = self.lm_head(self.norm_f(x)).float()                          # (B,T,V)
+        logits = self.lm_head(self.norm_f(x))
+        logits = logits.to(at_least_fp32(logits.dtype))                        # (B,T,V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))

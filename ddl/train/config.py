@@ -103,7 +103,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
-        return cls(ModelConfig(**d["model"]), DataConfig(**d["data"]), TrainConfig(**d["train"]), d["seed"])
+        return cls(ModelConfig.from_saved(d["model"]), DataConfig(**d["data"]), TrainConfig(**d["train"]), d["seed"])
 
     def effective_dict(self) -> dict:
         """What changes the numbers: the signature is a hash of this (and the MLflow params are it).
