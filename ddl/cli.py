@@ -90,7 +90,11 @@ def data_main() -> None:
 
 
 def eval_main() -> None:
-    _dispatch("ddl.eval.cli")
+    if sys.argv[1:2] == ["import-reference"]:
+        del sys.argv[1]
+        _dispatch("ddl.launch.reference_import")
+    else:
+        _dispatch("ddl.eval.cli")
 
 
 def report_main() -> None:

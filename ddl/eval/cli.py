@@ -2,6 +2,7 @@
 
     ddl-eval <signature | run dir | checkpoint.pt> [--tasks ...] [--shots 0 1] [--limit N]
     ddl-eval download [--tasks ...]      # on a connected machine: fill the Hugging Face cache
+    ddl-eval import-reference <state_dict.pt> --variant ddl_dv4   # a checkpoint of the authors' code
 """
 
 from __future__ import annotations

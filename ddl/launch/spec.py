@@ -61,7 +61,10 @@ def eval_config(cfg: DictConfig) -> EvalConfig:
 
 def experiment_name(cfg: DictConfig) -> str:
     """The MLflow experiment (also a directory name under reports/ and mlartifacts/)."""
-    name = cfg.experiment
+    return valid_experiment(cfg.experiment)
+
+
+def valid_experiment(name) -> str:
     if isinstance(name, int) and not isinstance(name, bool):
         name = str(name)
     if not isinstance(name, str) or not name.strip() or "/" in name:
