@@ -97,3 +97,16 @@ def test_ties_share_their_rank():
     table.rank()
     assert [table.cells[r, "acc"].rank for r in "abcd"] == [2, 2, 1, 0]
     assert [table.cells[r, "loss"].rank for r in "abcd"] == [2, 1, 1, 0]
+
+
+def test_runs_of_older_code_defaults_are_never_averaged_with_todays():
+    """A run logged before a setting existed (no model.init param: before reference parity) is a row
+    of its own, not a seed of today's row; seeds of one setting still share a row."""
+    import pandas as pd
+    from ddl.report.tables import variant_rows
+    runs = pd.DataFrame({"params.model.row": ["ddl_dv4"] * 3, "params.model.size": ["tiny"] * 3,
+                         "params.seed": ["0", "1", "0"], "params.model.dv": ["4"] * 3,
+                         "params.model.init": ["reference", "reference", None]})
+    rows = variant_rows(runs)
+    assert rows[0] == rows[1] == "ddl_dv4 model.init=reference"
+    assert rows[2] == "ddl_dv4 model.init=(not logged)"

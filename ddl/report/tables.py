@@ -69,17 +69,21 @@ def row_label(row: str) -> str:
 
 
 NOT_SETTINGS = {"params.seed", "params.model.size", "params.model.row"}
+NOT_LOGGED = "(not logged)"   # a setting the run's code did not have yet: it ran that code's default
 
 
 def variant_rows(runs: pd.DataFrame) -> pd.Series:
     """Each run's table row: its paper row, plus the settings in which it differs from the other
-    runs of that row and size (`ddl_dv1 beta_init=0.5`). A cell averages only over seeds."""
+    runs of that row and size (`ddl_dv1 beta_init=0.5`). A cell averages only over seeds: runs of
+    older code defaults (a setting they did not log, e.g. model.init before reference parity) are
+    rows of their own."""
     rows = runs["params.model.row"].astype(str)
     settings = [c for c in runs.columns if c.startswith("params.") and c not in NOT_SETTINGS]
     for _, group in runs.groupby(["params.model.size", "params.model.row"], sort=False):
         varying = [c for c in settings if group[c].nunique(dropna=False) > 1]
         for index, run in group[varying].iterrows():
-            rows[index] += "".join(f" {c.removeprefix('params.')}={value}" for c, value in run.items())
+            rows[index] += "".join(f" {c.removeprefix('params.')}={NOT_LOGGED if pd.isna(value) else value}"
+                                   for c, value in run.items())
     return rows
 
 
