@@ -99,7 +99,7 @@ def test_a_dry_run_launches_and_writes_nothing(ddl_home):
 
 @pytest.mark.slow
 def test_a_failing_job_does_not_stop_its_siblings(ddl_home):
-    out = run_cli("ddl-run", "-m", *SMOKE, "+model.init_std=0.02,1e15", "experiment=failing")
+    out = run_cli("ddl-run", "-m", *SMOKE, "model.init=gpt2", "+model.init_std=0.02,1e15", "experiment=failing")
     assert out.returncode == 1
     assert "1 finished, 0 skipped, 1 failed" in out.stdout and "NonFiniteLoss" in out.stdout
     states = sorted((r.data.params["model.init_std"], r.info.status) for r in mlflow_runs("failing"))

@@ -91,7 +91,8 @@ def test_checkpoints_are_atomic_pruned_and_signed(tmp_path, data_root):
 
 def test_non_finite_loss_stops_with_the_last_good_state(tmp_path, data_root):
     run = micro_run()
-    huge_init = RunConfig(run.model.__class__(**{**run.model.__dict__, "init_std": 1e15}), run.data, run.train, 1)
+    huge_init = RunConfig(run.model.__class__(**{**run.model.__dict__, "init": "gpt2", "init_std": 1e15}), run.data,
+                          run.train, 1)
     with pytest.raises(NonFiniteLoss, match=r"^train loss is nan at step 1; last good state \(step 0\) saved at"):
         train(huge_init, tmp_path, Recorder(), "sig", data_root=data_root)
     state = checkpoint.load(checkpoint.latest(tmp_path))
