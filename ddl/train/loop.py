@@ -122,116 +122,165 @@ def evaluate_loss(model: torch.nn.Module, split, cfg: TrainConfig, device: torch
     return (totals[0] / totals[1]).item()
 
 
+def _val_metrics(val_loss: float, bytes_per_token: float) -> dict[str, float]:
+    return {"val/loss": val_loss, "val/ppl": math.exp(min(val_loss, 50.0)),
+            "val/bpb": val_loss / math.log(2) / bytes_per_token}
+
+
+class Trainer:
+    """One run in named steps (as torchtitan's trainer reads): setup, resume, train_step, validate,
+    checkpoint, teardown. `fit()` runs the loop; `train()` is the one-call form."""
+
+    def __init__(self, run: RunConfig, run_dir: Path, logger: MetricLogger, signature: str,
+                 data_root: Path | None = None):
+        self.run, self.cfg, self.run_dir, self.logger, self.signature = run, run.train, Path(run_dir), logger, signature
+        self._setup_device()
+        self._setup_data(data_root)
+        self._setup_model()
+        self.step, self.resumed_from = 0, None
+        self.last_checkpoint = self.resume()
+        self.ddp = DistributedDataParallel(self.model) if self.info.world_size > 1 else None
+        self.forward = self.ddp or self.model
+        if self.cfg.compile:
+            self.forward = torch.compile(self.forward)
+        self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda")
+
+    # -- setup --------------------------------------------------------------------------------
+    def _setup_device(self) -> None:
+        torch.set_num_threads(cpu_threads())
+        keep_freed_memory()
+        cfg = self.cfg
+        cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+        if cuda and not torch.cuda.is_available():
+            raise ValueError("train.device='cuda': this machine has no CUDA device (use auto or cpu)")
+        self.info = init_distributed("cuda" if cuda else "cpu")
+        self.device = torch.device("cuda", self.info.local_rank) if cuda else torch.device("cpu")
+        if self.info.world_size > 1:
+            print(f"rank {self.info.rank}/{self.info.world_size}: joined the {torch.distributed.get_backend()} "
+                  f"process group", flush=True)
+
+    def _setup_data(self, data_root: Path | None) -> None:
+        self.dataset = open_dataset(prepare(self.run.data, root=data_root, progress=self.info.is_main))
+        self.bytes_per_token = self.dataset.manifest["bytes_per_token"]["val"]
+        self.loader = BatchLoader(self.dataset.train, self.cfg.micro_batch, self.cfg.seq_len, seed=self.run.seed,
+                                  rank=self.info.rank, world_size=self.info.world_size)
+        self.accum = self.cfg.grad_accum(self.info.world_size)
+
+    def _setup_model(self) -> None:
+        cfg = self.cfg
+        torch.manual_seed(self.run.seed)                                          # same init on every rank
+        self.model = GPT(self.run.model).to(self.device)
+        self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
+                                           betas=(cfg.beta1, cfg.beta2), fused=self.device.type == "cuda")
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_at(s, cfg) / cfg.lr)
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def resume(self) -> Path | None:
+        """Continue from the run directory's newest checkpoint, if it is this run's."""
+        found = checkpoint.latest(self.run_dir)
+        if found is None:
+            return None
+        state = checkpoint.load(found, map_location=self.device)
+        if state["signature"] != self.signature:
+            raise ValueError(f"run_dir={str(self.run_dir)!r}: holds checkpoints of run {state['signature']}, "
+                             f"not {self.signature}; refusing to mix runs")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.loader.load_state_dict(state["loader"])
+        checkpoint.restore_rng(state["rng"], self.device)
+        self.step = self.resumed_from = state["step"]
+        return found
+
+    def checkpoint_state(self, at_step: int, loader_state: dict) -> dict:
+        return {"step": at_step, "signature": self.signature, "run": self.run.to_dict(),
+                "dataset": str(self.dataset.path), "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "loader": loader_state, "rng": checkpoint.rng_state(self.device)}
+
+    def save(self, at_step: int, loader_state: dict) -> Path | None:
+        if not self.info.is_main:
+            return None
+        return checkpoint.save(self.run_dir, self.checkpoint_state(at_step, loader_state), self.cfg.keep_checkpoints)
+
+    # -- one step, validation -----------------------------------------------------------------
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step over `accum` micro-batches; NonFiniteLoss (after saving the last good
+        state) when the loss is not finite."""
+        loader_state, t0 = self.loader.state_dict(), time.time()
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(self.accum):
+            x, y = self.loader.next_batch()
+            sync = self.ddp is None or micro == self.accum - 1
+            with (contextlib.nullcontext() if sync else self.ddp.no_sync()), self.autocast:
+                _, loss = self.forward(x.to(self.device), y.to(self.device))
+                (loss / self.accum).backward()
+            loss_sum += loss.detach()
+        train_loss = all_reduce_mean(loss_sum / self.accum, self.info).item()
+        if not math.isfinite(train_loss):
+            self.optimizer.zero_grad(set_to_none=True)
+            if all(torch.isfinite(p).all() for p in self.model.parameters()):
+                where = f"last good state (step {self.step}) saved at {self.save(self.step, loader_state)}"
+            else:
+                where = f"parameters are non-finite; last checkpoint: {checkpoint.latest(self.run_dir)}"
+            raise NonFiniteLoss(f"train loss is {train_loss} at step {self.step + 1}; {where}")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip).item()
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return {"train/loss": train_loss, "train/lr": lr, "train/grad_norm": grad_norm,
+                "train/tokens_per_s": self.cfg.batch_tokens / max(time.time() - t0, 1e-9)}
+
+    def validate(self) -> dict[str, float]:
+        val_loss = evaluate_loss(self.model, self.dataset.val, self.cfg, self.device, self.info, self.autocast)
+        return _val_metrics(val_loss, self.bytes_per_token)
+
+    def metrics_to_log(self, step_metrics: dict[str, float]) -> dict[str, float]:
+        cfg, metrics = self.cfg, {}
+        if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+            metrics.update(step_metrics, **self.model.beta_stats())
+        if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+            metrics.update(self.validate())
+        return metrics
+
+    # -- the loop -----------------------------------------------------------------------------
+    def fit(self) -> RunResult:
+        cfg, started, tokens_seen = self.cfg, time.time(), 0
+        final: dict[str, float] = {}
+        self.model.train()
+        with _DeferredSignals() as signals:
+            while self.step < cfg.steps:
+                metrics = self.metrics_to_log(self.train_step())
+                tokens_seen += cfg.batch_tokens
+                if metrics and self.info.is_main:
+                    self.logger.log_metrics(metrics, self.step)
+                final.update(metrics)
+                stop = any_rank_signal(signals.received, self.info, self.device)   # all ranks stop at one step
+                if self.step % cfg.ckpt_every == 0 or self.step == cfg.steps or stop:
+                    self.last_checkpoint = self.save(self.step, self.loader.state_dict())
+                if stop:
+                    signals.hand_over(stop, self.step, self.last_checkpoint)
+        if "val/loss" not in final:                                           # resumed an already finished run
+            final.update(self.validate())
+        self.teardown()
+        keep = ("train/loss", "val/loss", "val/ppl", "val/bpb", "beta/mean", "beta/frac_gt1")
+        return RunResult({k: final[k] for k in keep if k in final}, self.step, tokens_seen, time.time() - started,
+                         self.resumed_from, str(self.last_checkpoint) if self.last_checkpoint else None,
+                         self.device.type, {"unigram_xent_val": self.dataset.manifest["unigram_xent_val"],
+                                            "dataset": str(self.dataset.path)})
+
+    def teardown(self) -> None:
+        """DDP's reducer must not be the last owner of the process group: it would free it holding the
+        GIL while gloo's worker threads may wait for the GIL (a hang seen at the end of a 2-rank run);
+        destroy_process_group releases it."""
+        if self.info.world_size > 1:
+            self.forward = self.ddp = None
+            gc.collect()
+            torch.distributed.destroy_process_group()
+
+
 def train(run: RunConfig, run_dir: Path, logger: MetricLogger, signature: str, *,
           data_root: Path | None = None) -> RunResult:
-    cfg = run.train
-    run_dir = Path(run_dir)
-    torch.set_num_threads(cpu_threads())
-    keep_freed_memory()
-    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    if cuda and not torch.cuda.is_available():
-        raise ValueError("train.device='cuda': this machine has no CUDA device (use auto or cpu)")
-    info = init_distributed("cuda" if cuda else "cpu")
-    device = torch.device("cuda", info.local_rank) if cuda else torch.device("cpu")
-    if info.world_size > 1:
-        print(f"rank {info.rank}/{info.world_size}: joined the {torch.distributed.get_backend()} process group",
-              flush=True)
-    dataset = open_dataset(prepare(run.data, root=data_root, progress=info.is_main))
-    bytes_per_token = dataset.manifest["bytes_per_token"]["val"]
-
-    torch.manual_seed(run.seed)                                          # same init on every rank
-    model = GPT(run.model).to(device)
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                                  fused=device.type == "cuda")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, cfg) / cfg.lr)
-    loader = BatchLoader(dataset.train, cfg.micro_batch, cfg.seq_len, seed=run.seed, rank=info.rank,
-                         world_size=info.world_size)
-    accum = cfg.grad_accum(info.world_size)
-
-    step, resumed_from = 0, None
-    found = checkpoint.latest(run_dir)
-    if found is not None:
-        state = checkpoint.load(found, map_location=device)
-        if state["signature"] != signature:
-            raise ValueError(f"run_dir={str(run_dir)!r}: holds checkpoints of run {state['signature']}, "
-                             f"not {signature}; refusing to mix runs")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        loader.load_state_dict(state["loader"])
-        checkpoint.restore_rng(state["rng"], device)
-        step = resumed_from = state["step"]
-
-    ddp = DistributedDataParallel(model) if info.world_size > 1 else None
-    forward = ddp or model
-    if cfg.compile:
-        forward = torch.compile(forward)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-
-    def save(at_step: int, loader_state: dict) -> Path | None:
-        if not info.is_main:
-            return None
-        return checkpoint.save(run_dir, {
-            "step": at_step, "signature": signature, "run": run.to_dict(), "dataset": str(dataset.path),
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "loader": loader_state, "rng": checkpoint.rng_state(device)}, cfg.keep_checkpoints)
-
-    started, tokens_seen, last_path = time.time(), 0, found
-    final: dict[str, float] = {}
-    model.train()
-    with _DeferredSignals() as signals:
-        while step < cfg.steps:
-            loader_state = loader.state_dict()
-            t0 = time.time()
-            loss_sum = torch.zeros((), device=device)
-            for micro in range(accum):
-                x, y = loader.next_batch()
-                sync = ddp is None or micro == accum - 1
-                with (contextlib.nullcontext() if sync else ddp.no_sync()), autocast:
-                    _, loss = forward(x.to(device), y.to(device))
-                    (loss / accum).backward()
-                loss_sum += loss.detach()
-            train_loss = all_reduce_mean(loss_sum / accum, info).item()
-            if not math.isfinite(train_loss):
-                optimizer.zero_grad(set_to_none=True)
-                if all(torch.isfinite(p).all() for p in model.parameters()):
-                    where = f"last good state (step {step}) saved at {save(step, loader_state)}"
-                else:
-                    where = f"parameters are non-finite; last checkpoint: {checkpoint.latest(run_dir)}"
-                raise NonFiniteLoss(f"train loss is {train_loss} at step {step + 1}; {where}")
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
-            lr = optimizer.param_groups[0]["lr"]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            tokens_seen += cfg.batch_tokens
-            metrics: dict[str, float] = {}
-            if step % cfg.log_every == 0 or step == cfg.steps:
-                metrics.update({"train/loss": train_loss, "train/lr": lr, "train/grad_norm": grad_norm,
-                                "train/tokens_per_s": cfg.batch_tokens / max(time.time() - t0, 1e-9),
-                                **model.beta_stats()})
-            if step % cfg.eval_every == 0 or step == cfg.steps:
-                val_loss = evaluate_loss(model, dataset.val, cfg, device, info, autocast)
-                metrics.update({"val/loss": val_loss, "val/ppl": math.exp(min(val_loss, 50.0)),
-                                "val/bpb": val_loss / math.log(2) / bytes_per_token})
-            if metrics and info.is_main:
-                logger.log_metrics(metrics, step)
-            final.update(metrics)
-            stop = any_rank_signal(signals.received, info, device)   # all ranks stop at the same step
-            if step % cfg.ckpt_every == 0 or step == cfg.steps or stop:
-                last_path = save(step, loader.state_dict())
-            if stop:
-                signals.hand_over(stop, step, last_path)
-    if "val/loss" not in final:                                           # resumed an already finished run
-        val_loss = evaluate_loss(model, dataset.val, cfg, device, info, autocast)
-        final.update({"val/loss": val_loss, "val/ppl": math.exp(min(val_loss, 50.0)),
-                      "val/bpb": val_loss / math.log(2) / bytes_per_token})
-    if info.world_size > 1:  # DDP's reducer must not be the last owner of the process group: it would free it
-        del forward, ddp       # holding the GIL, while gloo's worker threads may wait for the GIL to finish
-        gc.collect()           # (a hang seen at the end of a 2-rank run); destroy_process_group releases it
-        torch.distributed.destroy_process_group()
-    keep = ("train/loss", "val/loss", "val/ppl", "val/bpb", "beta/mean", "beta/frac_gt1")
-    return RunResult({k: final[k] for k in keep if k in final}, step, tokens_seen, time.time() - started,
-                     resumed_from, str(last_path) if last_path else None, device.type,
-                     {"unigram_xent_val": dataset.manifest["unigram_xent_val"], "dataset": str(dataset.path)})
+    return Trainer(run, run_dir, logger, signature, data_root).fit()
