@@ -34,16 +34,14 @@ def _git() -> tuple[str, str]:
 
 
 def _join_submitit_ddp() -> str:
-    """Export torch.distributed's environment from submitit's when a job has several tasks."""
+    """Export torch.distributed's environment (submitit's helper) when a job has several tasks."""
     try:
         import submitit
         env = submitit.JobEnvironment()
     except RuntimeError:  # not inside a submitit job
         return "none"
-    if env.num_tasks > 1:
-        port = 20000 + int("".join(c for c in str(env.job_id) if c.isdigit())[-4:] or 0) % 20000
-        os.environ.update(RANK=str(env.global_rank), LOCAL_RANK=str(env.local_rank), WORLD_SIZE=str(env.num_tasks),
-                          MASTER_ADDR=env.hostnames[0], MASTER_PORT=str(port))
+    if env.num_tasks > 1:   # each rank keeps every GPU visible and picks cuda:LOCAL_RANK itself
+        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
     return env.cluster
 
 
@@ -58,73 +56,111 @@ def _tags(job: Job, launcher: str) -> dict:
 
 
 def run_task(cfg: DictConfig) -> dict:
+    """The job's steps: skip if done -> open its MLflow run -> train -> evaluate -> close the run."""
     job = Job.from_config(cfg)
-    signature, run_dir = job.signature, paths.runs_dir() / job.signature
+    run_dir = paths.runs_dir() / job.signature
     launcher = _join_submitit_ddp()
     is_main = os.environ.get("RANK", "0") == "0"
-    evaluations = job.evaluation.evaluations()
-    done = status.finished_in(run_dir, job.experiment, evaluations)
+    done = status.finished_in(run_dir, job.experiment, job.evaluation.evaluations())
     if done:
-        print(f"{job.name} [{signature}]: already finished in '{job.experiment}' (MLflow run {done['run_id']}); skipped")
-        return {"signature": signature, "status": "skipped", **done}
-
-    from ..train import ConsoleLogger, MultiLogger, train
-    from ..track import store
+        print(f"{job.name} [{job.signature}]: already finished in '{job.experiment}' (MLflow run {done['run_id']}); "
+              f"skipped")
+        return {"signature": job.signature, "status": "skipped", **done}
+    from ..train import train
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    run_id = None
-    if is_main:
-        try:
-            run_id = store.open_run(job.experiment, signature, job.name, job.params(), _tags(job, launcher))
-        except ValueError as err:   # a deleted experiment
-            raise ConfigError(str(err)) from None
-        status.write(run_dir, state="running", name=job.name, run_id=run_id, error=None)
+    run_id = _open_run(job, run_dir, launcher) if is_main else None
     log_path = run_dir / "train.log"
     with open(log_path, "a", encoding="utf-8") as log_file:
-        loggers = [ConsoleLogger(), ConsoleLogger(log_file)]
-        if is_main:
-            loggers += [store.MLflowLogger(run_id), status.StatusLogger(run_dir, job.run.train.steps)]
-        logger = MultiLogger(*loggers)
+        logger = _loggers(job, run_dir, run_id, log_file)
         try:
-            result = train(job.run, run_dir, logger, signature)
+            result = train(job.run, run_dir, logger, job.signature)
             logger.close()
-            final = dict(result.final)
-            summary = {f"final/{k}": v for k, v in final.items()}   # the report's numbers
-            texts = {"config.yaml": OmegaConf.to_yaml(cfg, resolve=True)}
-            eval_error, evaluated = None, []
-            if is_main and result.resumed_from:     # trained (partly) under another experiment's run
-                store.inherit_history(run_id, signature, result.resumed_from)
-            if evaluations and is_main:
-                try:
-                    scores, results_json = _evaluate(job, result)
-                except Exception as err:  # the training results stand; evaluate later with ddl-eval
-                    reason = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
-                    eval_error = f"{reason} -- then: ddl-eval {signature} --tasks {' '.join(job.evaluation.tasks)}"
-                    print(f"{job.name} [{signature}]: evaluation skipped: {eval_error}")
-                else:
-                    final.update(scores)
-                    summary.update(scores)
-                    texts["eval_results.json"] = results_json
-                    evaluated = evaluations
+            outcome = Outcome(cfg, dict(result.final))
             if is_main:
-                if eval_error:
-                    store.client().set_tag(run_id, store.EVAL_ERROR_TAG, eval_error[:5000])
-                import json
-                texts["final_metrics.json"] = json.dumps(final, indent=1)
-                store.close_run(run_id, "FINISHED", metrics=summary, texts=texts, files=[log_path])
-                status.mark_done(run_dir, job.experiment, {"run_id": run_id, "final": final, "evaluations": evaluated})
-                status.write(run_dir, state="finished", **{"val_loss": final.get("val/loss")})
-            print(f"{job.name} [{signature}]: val/loss {final['val/loss']:.4f}  ({result.steps} steps, {result.seconds:.0f} s)")
-            return {"signature": signature, "status": "finished", "run_id": run_id, "final": final}
+                _record(job, run_dir, run_id, result, outcome, log_path)
+            print(f"{job.name} [{job.signature}]: val/loss {outcome.final['val/loss']:.4f}  ({result.steps} steps, "
+                  f"{result.seconds:.0f} s)")
+            return {"signature": job.signature, "status": "finished", "run_id": run_id, "final": outcome.final}
         except BaseException as err:
             logger.close()
-            requeued = isinstance(err, SystemExit)  # submitit requeues after our checkpoint: the run goes on
-            if is_main and not requeued:
-                first_line = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}".rstrip(": ")
-                state = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
-                store.close_run(run_id, state, files=[log_path], error=first_line)
-                status.write(run_dir, state=state.lower(), error=first_line)
+            if is_main and not isinstance(err, SystemExit):  # SystemExit: submitit requeues after our checkpoint
+                _close_interrupted(run_dir, run_id, err, log_path)
             raise
+
+
+def _open_run(job: Job, run_dir, launcher: str) -> str:
+    """The job's MLflow run (reopened by signature when it exists) and its status file."""
+    from ..track import store
+    try:
+        run_id = store.open_run(job.experiment, job.signature, job.name, job.params(), _tags(job, launcher))
+    except ValueError as err:   # a deleted experiment
+        raise ConfigError(str(err)) from None
+    status.write(run_dir, state="running", name=job.name, run_id=run_id, error=None)
+    return run_id
+
+
+def _loggers(job: Job, run_dir, run_id: str | None, log_file):
+    """Console and train.log on every rank; MLflow and the status file on rank 0 (run_id is set there)."""
+    from ..train import ConsoleLogger, MultiLogger
+    loggers = [ConsoleLogger(), ConsoleLogger(log_file)]
+    if run_id is not None:
+        from ..track import store
+        loggers += [store.MLflowLogger(run_id), status.StatusLogger(run_dir, job.run.train.steps)]
+    return MultiLogger(*loggers)
+
+
+class Outcome:
+    """What a finished job records: its final numbers, the summary metrics, the artifacts' texts, and
+    the evaluations it ran (or why they were skipped)."""
+
+    def __init__(self, cfg: DictConfig, final: dict):
+        self.final = final
+        self.summary = {f"final/{k}": v for k, v in final.items()}   # the report's numbers
+        self.texts = {"config.yaml": OmegaConf.to_yaml(cfg, resolve=True)}
+        self.evaluated: list[str] = []
+        self.eval_error: str | None = None
+
+    def add_evaluation(self, job: Job, trained) -> None:
+        """lm-eval's scores join the numbers; a failure is kept as a line, the training results stand."""
+        try:
+            scores, results_json = _evaluate(job, trained)
+        except Exception as err:
+            reason = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+            self.eval_error = f"{reason} -- then: ddl-eval {job.signature} --tasks {' '.join(job.evaluation.tasks)}"
+            print(f"{job.name} [{job.signature}]: evaluation skipped: {self.eval_error}")
+            return
+        self.final.update(scores)
+        self.summary.update(scores)
+        self.texts["eval_results.json"] = results_json
+        self.evaluated = job.evaluation.evaluations()
+
+
+def _record(job: Job, run_dir, run_id: str, result, outcome: Outcome, log_path) -> None:
+    """Rank 0: inherited curves, the evaluation, then the run closed FINISHED and the job marked done."""
+    import json
+
+    from ..track import store
+    if result.resumed_from:     # trained (partly) under another experiment's run
+        store.inherit_history(run_id, job.signature, result.resumed_from)
+    if job.evaluation.evaluations():
+        outcome.add_evaluation(job, result)
+    if outcome.eval_error:
+        store.client().set_tag(run_id, store.EVAL_ERROR_TAG, outcome.eval_error[:5000])
+    outcome.texts["final_metrics.json"] = json.dumps(outcome.final, indent=1)
+    store.close_run(run_id, "FINISHED", metrics=outcome.summary, texts=outcome.texts, files=[log_path])
+    status.mark_done(run_dir, job.experiment, {"run_id": run_id, "final": outcome.final,
+                                               "evaluations": outcome.evaluated})
+    status.write(run_dir, state="finished", **{"val_loss": outcome.final.get("val/loss")})
+
+
+def _close_interrupted(run_dir, run_id: str, err: BaseException, log_path) -> None:
+    """The run ends KILLED (Ctrl-C) or FAILED with the error's first line."""
+    from ..track import store
+    first_line = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}".rstrip(": ")
+    state = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
+    store.close_run(run_id, state, files=[log_path], error=first_line)
+    status.write(run_dir, state=state.lower(), error=first_line)
 
 
 def _evaluate(job: Job, trained) -> tuple[dict, str]:
