@@ -179,3 +179,21 @@ def test_an_installed_wheel_finds_its_configs(tmp_path):
                          env={**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}:{site_packages}"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith(str(tmp_path / "site" / "ddl" / "conf")) and "3 distinct jobs" in out.stdout
+
+
+def test_a_plan_collapses_jobs_of_one_signature_without_running_anything(ddl_home):
+    """The plan is pure (Hydra composes, ddl.launch.plan decides): the user's 4 override sets are 3 jobs."""
+    from hydra import compose, initialize_config_dir
+
+    from ddl.launch.configs import conf_dir, register
+    from ddl.launch.plan import make_plan
+
+    register()
+    sets = [["residual=ddl", "dv=1"], ["residual=ddl", "dv=4"], ["residual=baseline", "dv=1"],
+            ["residual=baseline", "dv=4"]]
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        plan = make_plan((overrides, compose("config", overrides=overrides)) for overrides in sets)
+    assert [j.name for j in plan.jobs] == ["ddl_dv1-tiny-s0", "ddl_dv4-tiny-s0", "baseline-tiny-s0"]
+    assert plan.duplicates == {plan.jobs[2].signature: [["residual=baseline", "dv=4"]]}
+    assert plan.headline().startswith("4 override sets -> 3 distinct jobs (1 share a signature")
+    assert plan.finished() == {} and not (ddl_home / "runs").exists()

@@ -24,8 +24,9 @@ from omegaconf import OmegaConf
 from .. import paths
 from . import status
 from .configs import ConfigError
+from .plan import Plan, make_plan
 from .spec import Job
-from .table import ASSUMED_MFU, job_table, live_table, summary_table
+from .table import job_table, live_table, summary_table
 
 
 class SweepFailed(RuntimeError):
@@ -38,21 +39,11 @@ class SweepLauncher(BaseSubmititLauncher):
         self.max_parallel = max_parallel
 
     # -- planning ---------------------------------------------------------------------------
-    def plan(self, job_overrides: Sequence[Sequence[str]]) -> tuple[list[Job], dict[str, list[list[str]]]]:
-        jobs: dict[str, Job] = {}
-        duplicates: dict[str, list[list[str]]] = {}
-        for overrides in job_overrides:
-            shown = list(filter_overrides(overrides))
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            try:
-                job = Job.from_config(cfg, shown)
-            except ConfigError as err:
-                raise ConfigError(f"{err}  [in job: {' '.join(shown)}]") from None
-            if job.signature in jobs:
-                duplicates.setdefault(job.signature, []).append(shown)
-            else:
-                jobs[job.signature] = job
-        return list(jobs.values()), duplicates
+    def plan(self, job_overrides: Sequence[Sequence[str]]) -> Plan:
+        """Hydra composes each override set; the plan itself is ddl.launch.plan's."""
+        loader = self.hydra_context.config_loader
+        return make_plan((list(filter_overrides(overrides)), loader.load_sweep_config(self.config, list(overrides)))
+                         for overrides in job_overrides)
 
     # -- submission -------------------------------------------------------------------------
     def executor(self):
@@ -73,35 +64,33 @@ class SweepLauncher(BaseSubmititLauncher):
         return n_jobs
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        jobs, duplicates = self.plan(job_overrides)
-        line = f"{len(job_overrides)} override sets -> {len(jobs)} distinct jobs"
-        if duplicates:
-            signature, same = next(iter(duplicates.items()))
-            kept = next(j for j in jobs if j.signature == signature)
-            line += (f" ({sum(map(len, duplicates.values()))} share a signature with another, e.g. "
-                     f"{' '.join(same[0])} == {' '.join(kept.overrides)})")
-        print(line)
+        plan = self.plan(job_overrides)
+        print(plan.headline())
         if self.config.dry_run:
-            job_table(jobs, self.estimate).print()
+            job_table(plan.jobs, self.estimate).print()
             return []
-        skipped = {j.signature: status.finished_in(paths.runs_dir() / j.signature, j.experiment, j.evaluation.evaluations())
-                   for j in jobs}
-        todo = [j for j in jobs if not skipped[j.signature]]
-        from ..track import store
-        for experiment in {j.experiment for j in jobs}:  # create the store once, before parallel writers
-            try:
-                store.experiment_id(experiment)
-            except ValueError as err:
-                raise ConfigError(str(err)) from None
+        skipped = plan.finished()
+        todo = [j for j in plan.jobs if j.signature not in skipped]
+        self.prepare_store({j.experiment for j in plan.jobs})
         os.environ.setdefault("DDL_CPUS", str(self.params.get("cpus_per_task") or 1))
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         outcomes = self.run_jobs(todo, initial_job_idx) if todo else {}
-        rows = [(j, "skipped", f"finished before: MLflow run {skipped[j.signature]['run_id']}") if skipped[j.signature]
-                else (j, *outcomes[j.signature][:2]) for j in jobs]
+        rows = [(j, "skipped", f"finished before: MLflow run {skipped[j.signature]['run_id']}")
+                if j.signature in skipped else (j, *outcomes[j.signature][:2]) for j in plan.jobs]
         summary_table(rows).print()
         if any(state != "finished" and state != "skipped" for _, state, _ in rows):
             raise SweepFailed(f"{sum(s not in ('finished', 'skipped') for _, s, _ in rows)} of {len(rows)} jobs failed")
         return [outcomes[j.signature][2] for j in todo]
+
+    @staticmethod
+    def prepare_store(experiments: set[str]) -> None:
+        """Create the store and the experiments once, before parallel writers; a deleted one is a ConfigError."""
+        from ..track import store
+        for experiment in experiments:
+            try:
+                store.experiment_id(experiment)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
 
     def run_jobs(self, jobs: list[Job], first_idx: int) -> dict[str, tuple[str, str, JobReturn | None]]:
         executor = self.executor()
@@ -144,8 +133,9 @@ class SweepLauncher(BaseSubmititLauncher):
 
     @staticmethod
     def estimate(job: Job) -> tuple[int, int, float]:
-        """(parameters, tokens, GPU-hours at ASSUMED_MFU of an H100's bf16 peak, 6*N*D FLOPs)."""
-        from ..model.config import BF16_PEAK_FLOPS, param_count, training_flops
+        """(parameters, tokens, H100-hours at ddl.costs.ASSUMED_MFU, 6*N*D FLOPs)."""
+        from ..costs import gpu_hours
+        from ..model.config import param_count
         n_params = param_count(job.run.model)
         tokens = job.run.train.steps * job.run.train.batch_tokens
-        return n_params, tokens, training_flops(n_params, tokens) / (BF16_PEAK_FLOPS["H100"] * ASSUMED_MFU) / 3600
+        return n_params, tokens, gpu_hours(n_params, tokens)
