@@ -45,6 +45,27 @@ def register() -> None:
     store = ConfigStore.instance()
     for path in sorted(sweeps_dir().glob("*.yaml")):
         store.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_", provider="ddl")
+    for name, schema in launcher_schemas().items():
+        store.store(group="hydra/launcher", name=name, node=schema, provider="ddl")
     if not OmegaConf.has_resolver("ddl_home"):
         OmegaConf.register_new_resolver("ddl_home", lambda: str(paths.home()))
         OmegaConf.register_new_resolver("one_task_per_gpu", lambda gpus: max(1, int(gpus or 0)))
+
+
+def launcher_schemas() -> dict[str, type]:
+    """hydra-submitit-launcher's queue configs with ddl's launcher as target and the fields ddl adds:
+    max_parallel (how many jobs run at once; null: CPUs // cpus_per_task locally, all on SLURM) and,
+    on SLURM, srun_args (submitit's, for srun). conf/hydra/launcher/{local,slurm}.yaml extend these
+    and set only what ddl changes."""
+    from dataclasses import field, make_dataclass
+    from typing import List, Optional
+
+    from hydra_plugins.hydra_submitit_launcher.config import LocalQueueConf, SlurmQueueConf
+
+    def extend(base: type, launcher: str, *extra: tuple) -> type:
+        fields = [("_target_", str, field(default=f"hydra_plugins.ddl_launcher.{launcher}")),
+                  ("max_parallel", Optional[int], field(default=None)), *extra]
+        return make_dataclass(f"DDL{base.__name__}", fields, bases=(base,))
+    return {"ddl_local_base": extend(LocalQueueConf, "LocalSweepLauncher"),
+            "ddl_slurm_base": extend(SlurmQueueConf, "SlurmSweepLauncher",
+                                     ("srun_args", Optional[List[str]], field(default=None)))}
