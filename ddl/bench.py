@@ -28,7 +28,7 @@ import torch
 
 from . import paths
 from .model import GPT, SIZES, ModelConfig
-from .model.config import BF16_PEAK_FLOPS, training_flops
+from .costs import BF16_PEAK_FLOPS, training_flops
 from .model.fused import eager, loops_for
 from .train.distributed import keep_freed_memory
 

@@ -6,13 +6,15 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 
+from ..validation import failure, is_int, is_number
+
 SOURCES = ("embedded", "files", "fineweb_edu")
 TOKENIZERS = ("byte", "bpe", "gpt2")
 GPT2_VOCAB = 50257
+VAL_FRACTION = 0.1   # the share of documents held out by default (the offline eval task reads the embedded one's)
 
 
-def _fail(key: str, value, allowed: str):
-    raise ValueError(f"data.{key}={value!r}: {allowed}")
+_fail = failure("data")
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,7 @@ class DataConfig:
     fineweb_name: str = "HuggingFaceFW/fineweb-edu"   # a Hub id, or a local parquet glob
     fineweb_config: str = "sample-10BT"
     fineweb_tokens: int = 100_000_000
-    val_fraction: float = 0.1
+    val_fraction: float = VAL_FRACTION
     bpe_vocab: int = 4096
 
     def __post_init__(self) -> None:
@@ -36,14 +38,11 @@ class DataConfig:
         for key in ("files", "fineweb_name", "fineweb_config"):
             if getattr(self, key) is not None and not isinstance(getattr(self, key), str):
                 _fail(key, getattr(self, key), "must be a string")
-        if isinstance(self.val_fraction, bool) or not isinstance(self.val_fraction, (int, float)) \
-                or not 0.0 < self.val_fraction < 0.5:
+        if not is_number(self.val_fraction) or not 0.0 < self.val_fraction < 0.5:
             _fail("val_fraction", self.val_fraction, "must be a number in (0, 0.5)")
-        if isinstance(self.fineweb_tokens, bool) or not isinstance(self.fineweb_tokens, int) \
-                or self.fineweb_tokens < 1:
+        if not is_int(self.fineweb_tokens) or self.fineweb_tokens < 1:
             _fail("fineweb_tokens", self.fineweb_tokens, "must be an integer >= 1")
-        if isinstance(self.bpe_vocab, bool) or not isinstance(self.bpe_vocab, int) \
-                or not 260 <= self.bpe_vocab <= 65535:
+        if not is_int(self.bpe_vocab) or not 260 <= self.bpe_vocab <= 65535:
             _fail("bpe_vocab", self.bpe_vocab, "must be an integer in [260, 65535] (uint16 shards)")
 
     def source_params(self) -> dict:

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..train.config import _is_int
+from ..validation import failure, is_int
 
-
-def _fail(key: str, value, allowed: str):
-    raise ValueError(f"eval.{key}={value!r}: {allowed}")
+_fail = failure("eval")
 
 
 @dataclass(frozen=True)
@@ -26,11 +24,11 @@ class EvalConfig:
                 _fail("tasks", list(self.tasks), "must be a list of lm-eval task names")
         if self.tasks and not self.shots:
             _fail("shots", [], "must list at least one shot count when eval.tasks is set, e.g. [0]")
-        if not all(_is_int(s) and s >= 0 for s in self.shots):
+        if not all(is_int(s) and s >= 0 for s in self.shots):
             _fail("shots", list(self.shots), "must be a list of integers >= 0")
-        if not _is_int(self.batch_size) or self.batch_size < 1:
+        if not is_int(self.batch_size) or self.batch_size < 1:
             _fail("batch_size", self.batch_size, "must be an integer >= 1")
-        if self.limit is not None and (not _is_int(self.limit) or self.limit < 1):
+        if self.limit is not None and (not is_int(self.limit) or self.limit < 1):
             _fail("limit", self.limit, "must be null or an integer >= 1")
 
     def evaluations(self) -> list[str]:

@@ -14,11 +14,11 @@ import random
 from pathlib import Path
 
 from .. import paths
+from ..data.config import VAL_FRACTION
 from ..data.sources import embedded_documents, is_val
 from .suites import OFFLINE_TASK
 
 CONTEXT_CHARS, CHOICE_CHARS, N_CHOICES, SEED = 384, 64, 4, 1234
-VAL_FRACTION = 0.1  # the embedded dataset's split (DataConfig.val_fraction default)
 
 
 def build_items() -> list[dict]:

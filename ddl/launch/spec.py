@@ -9,8 +9,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from ..data import DataConfig
+from ..data.config import VAL_FRACTION as HELD_OUT
 from ..eval.config import EvalConfig
-from ..eval.offline_task import VAL_FRACTION as HELD_OUT
 from ..eval.suites import OFFLINE_TASK
 from ..model import SIZES, ModelConfig, model_config
 from ..train import RunConfig, TrainConfig

@@ -11,10 +11,9 @@ from rich.live import Live
 from rich.table import Table
 
 from .. import paths
-from ..model.config import BF16_PEAK_FLOPS
+from ..costs import ASSUMED_MFU, BF16_PEAK_FLOPS
 from . import status
 
-ASSUMED_MFU = 0.40   # the dry run's GPU-hours assume this share of the bf16 peak
 console = Console(width=None if sys.stdout.isatty() else 160)  # logs keep whole columns
 
 

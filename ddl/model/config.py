@@ -37,6 +37,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..validation import failure, is_int, is_number
+
 RESIDUALS = ("baseline", "ddl")
 CONVS = ("none", "ec", "cc", "cc_ec")
 MAPPINGS = ("k", "v")
@@ -51,12 +53,11 @@ PRE_PARITY = dict(init="gpt2", norm_eps=1e-6, qk_norm="before_rope", cc_padding=
 DEFAULT_TIME_KERNEL = 4
 
 
-def _fail(key: str, value, allowed: str):
-    raise ValueError(f"{key}={value!r}: {allowed}")
+_fail = failure()
 
 
 def _need_int(key: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value) or value < minimum:
         _fail(key, value, f"must be an integer >= {minimum}")
 
 
@@ -108,12 +109,11 @@ class ModelConfig:
             _fail("d_model", self.d_model, f"must be divisible by n_head={self.n_head}")
         if (self.d_model // self.n_head) % 2:
             _fail("d_model", self.d_model, f"d_model / n_head must be even for RoPE (n_head={self.n_head})")
-        if isinstance(self.beta_init, bool) or not isinstance(self.beta_init, (int, float)) \
-                or not 0.0 <= self.beta_init <= 2.0:
+        if not is_number(self.beta_init) or not 0.0 <= self.beta_init <= 2.0:
             _fail("beta_init", self.beta_init, "must be a number in [0, 2] (beta = 2*sigmoid(.) lives there)")
         for key in ("k_eps", "v_sigmoid_scale", "norm_eps"):
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            if not is_number(value) or value < 0:
                 _fail(key, value, "must be a number >= 0")
         if self.state_conv_kernel is not None:
             _need_int("state_conv_kernel", self.state_conv_kernel, 1)
@@ -214,11 +214,3 @@ def param_count(cfg: ModelConfig) -> int:
     block = 4 * d * d + 3 * d * hidden + 2 * d + 2 * cfg.head_dim   # attention, SwiGLU, 2 norms, QK norms
     return cfg.vocab_size * d + cfg.n_layer * block + d + ddl_extra_params(cfg)
 
-
-# Dense bf16 peak FLOP/s of the GPUs the project plans for: MFU in the bench, GPU-hours in dry runs.
-BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
-
-
-def training_flops(n_params: int, tokens: int) -> float:
-    """Forward + backward FLOPs of training on `tokens` tokens: 6 N per token."""
-    return 6.0 * n_params * tokens

@@ -9,7 +9,7 @@ import io
 from .tables import Cell, Table, fmt_number, row_label
 
 
-def _ours(cell: Cell) -> str:
+def ours_text(cell: Cell) -> str:
     if cell.mean is None:
         return cell.marker or ""
     text = fmt_number(cell.mean)
@@ -23,7 +23,7 @@ def _paper(cell: Cell) -> str:
 
 def markdown(table: Table) -> str:
     def cell_text(c: Cell) -> str:
-        ours = _ours(c)
+        ours = ours_text(c)
         ours = f"**{ours}**" if c.rank == 1 else f"<u>{ours}</u>" if c.rank == 2 else ours
         return f"{ours} ({_paper(c)})" if c.paper is not None else ours
     lines = [f"### {table.title}", "", "| Model | " + " | ".join(c.header for c in table.columns) + " |",
@@ -39,7 +39,7 @@ def latex(table: Table) -> str:
         return text.replace("_", r"\_").replace("%", r"\%")
 
     def cell_text(c: Cell) -> str:
-        ours = esc(_ours(c)).replace("±", r"$\pm$").replace("—", "--")
+        ours = esc(ours_text(c)).replace("±", r"$\pm$").replace("—", "--")
         ours = rf"\textbf{{{ours}}}" if c.rank == 1 else rf"\underline{{{ours}}}" if c.rank == 2 else ours
         if c.paper is not None:
             ours += rf" {{\scriptsize({fmt_number(c.paper)}" + (f", {c.delta:+.2f}" if c.delta is not None else "") + ")}"
@@ -68,7 +68,7 @@ def csv_text(table: Table) -> str:
 
 def html_table(table: Table) -> str:
     def cell_html(c: Cell) -> str:
-        ours = html.escape(_ours(c))
+        ours = html.escape(ours_text(c))
         ours = f"<b>{ours}</b>" if c.rank == 1 else f"<u>{ours}</u>" if c.rank == 2 else ours
         cls = ' class="missing"' if c.mean is None else ""
         paper = f'<br><small>{html.escape(_paper(c))}</small>' if c.paper is not None else ""

@@ -13,14 +13,10 @@ from dataclasses import asdict, dataclass
 
 from ..data.config import DataConfig
 from ..model.config import ModelConfig
+from ..validation import failure, is_int, is_number
 
 
-def _fail(key: str, value, allowed: str):
-    raise ValueError(f"train.{key}={value!r}: {allowed}")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+_fail = failure("train")
 
 
 # When a run logs, validates and checkpoints: none of it changes the weights it learns.
@@ -52,9 +48,9 @@ class TrainConfig:
         for key in ("steps", "batch_tokens", "micro_batch", "seq_len", "eval_every", "eval_tokens", "ckpt_every",
                     "keep_checkpoints", "log_every"):
             value = getattr(self, key)
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 _fail(key, value, "must be an integer >= 1")
-        if not _is_int(self.warmup_steps) or self.warmup_steps < 0:
+        if not is_int(self.warmup_steps) or self.warmup_steps < 0:
             _fail("warmup_steps", self.warmup_steps, "must be an integer >= 0")
         if self.batch_tokens % (self.micro_batch * self.seq_len):
             _fail("batch_tokens", self.batch_tokens,
@@ -63,7 +59,7 @@ class TrainConfig:
                                          ("beta1", 0.0, 1.0, False), ("beta2", 0.0, 1.0, False),
                                          ("weight_decay", 0.0, 10.0, False), ("grad_clip", 0.0, 1e9, True)):
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high \
+            if not is_number(value) or not low <= value <= high \
                     or (low_open and value == low):
                 _fail(key, value, f"must be a number in {'(' if low_open else '['}{low:g}, {high:g}]")
         if self.eval_tokens < self.seq_len:
@@ -89,7 +85,7 @@ class RunConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not _is_int(self.seed) or self.seed < 0:
+        if not is_int(self.seed) or self.seed < 0:
             raise ValueError(f"seed={self.seed!r}: must be an integer >= 0")
         if self.model.vocab_size != self.data.model_vocab_size():
             raise ValueError(f"model.vocab_size={self.model.vocab_size}: the {self.data.tokenizer} tokenizer needs "
