@@ -1,4 +1,5 @@
-"""Pure-PyTorch DDL models. Imports nothing else from ddl: `from ddl.model import GPT`.
+"""The DDL models: PyTorch modules whose Delta ops run as hand-fused kernels (C++ on CPU).
+Imports nothing else from ddl but ddl.validation: `from ddl.model import GPT`.
 
 The config half imports no torch, so CLIs can validate and plan without loading it.
 """

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -84,7 +84,7 @@ class DeltaResidual(nn.Module):
         self.W_v = nn.Linear(d, cfg.dv, bias=True)
         self.phi_k = nn.Linear(d, d, bias=False) if cfg.mapping == "v" else None
         self.beta_bias_init = _logit(cfg.beta_init / 2.0)
-        self.update = delta_kernels(cfg.kernels)[0]
+        self.update = delta_kernels(cfg.kernels).update
         self.last_beta: torch.Tensor | None = None  # (B,T,1), detached, for beta_stats()
 
     def read_input(self, x_in: torch.Tensor, norm: nn.RMSNorm) -> SublayerInput:
@@ -155,15 +155,24 @@ def rank_one_read(w: torch.Tensor, k_raw: torch.Tensor, A: torch.Tensor) -> torc
     return x
 
 
+class DeltaOps(NamedTuple):
+    """The state's four ops, one implementation kind (ModelConfig.kernels)."""
+    update: Callable          # delta_update's signature
+    read: Callable            # state_read's
+    rank_one_read: Callable   # rank_one_read's
+    expand: Callable          # expand_state's
+
+
 @functools.cache
-def delta_kernels(kind: str) -> tuple:
-    """(update, read, rank_one_read, expand) for ModelConfig.kernels: the hand-fused autograd kernels,
-    or the plain forms of the two per-sublayer state ops through torch.compile. The rank-1 read and
-    the EC expansion stay fused in both: the first touches only (B,T,d) tensors (and compiled it
-    keeps w A for backward), the second runs once per forward."""
+def delta_kernels(kind: str) -> DeltaOps:
+    """The state's ops for ModelConfig.kernels: the hand-fused autograd kernels, or the plain forms of
+    the two per-sublayer ops through torch.compile. The rank-1 read and the EC expansion stay fused
+    in both: the first touches only (B,T,d) tensors (and compiled it keeps w A for backward), the
+    second runs once per forward."""
     if kind == "compiled":
-        return torch.compile(delta_update), torch.compile(state_read), FusedRankOneRead.apply, FusedExpand.apply
-    return FusedDeltaUpdate.apply, FusedStateRead.apply, FusedRankOneRead.apply, FusedExpand.apply
+        return DeltaOps(torch.compile(delta_update), torch.compile(state_read), FusedRankOneRead.apply,
+                        FusedExpand.apply)
+    return DeltaOps(FusedDeltaUpdate.apply, FusedStateRead.apply, FusedRankOneRead.apply, FusedExpand.apply)
 
 
 class StateCompressor(nn.Module):
@@ -173,12 +182,12 @@ class StateCompressor(nn.Module):
         raise NotImplementedError
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
-        return self.ops[1](X, self.taps().to(X.dtype))                     # (B,T,d)
+        return self.ops.read(X, self.taps().to(X.dtype))                     # (B,T,d)
 
     def read_write(self, w: torch.Tensor, k_raw: torch.Tensor) -> torch.Tensor:
         """read(w k~^T) from the (B,T,dv) and (B,T,d) factors (see rank_one_read), in w's dtype."""
         with torch.autocast(w.device.type, enabled=False):
-            return self.ops[2](w, k_raw.to(w.dtype), self.taps().to(w.dtype))
+            return self.ops.rank_one_read(w, k_raw.to(w.dtype), self.taps().to(w.dtype))
 
 
 class TimeConvCompressor(StateCompressor):
@@ -254,7 +263,7 @@ class EmbedExpander(nn.Module):
         return self.weight.view(d, self.dv, K).transpose(0, 1)                # (dv, d, K); channel i*dv + j
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ops[3](x, self.taps().to(x.dtype))                        # (B,T,dv,d)
+        return self.ops.expand(x, self.taps().to(x.dtype))                        # (B,T,dv,d)
 
     def read_expanded(self, x: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
         """state_read(self(x), taps) from x (B,T,d), taps (dv,d,L), without the expanded state.
@@ -269,4 +278,4 @@ class EmbedExpander(nn.Module):
             composite = taps.new_zeros(1, d, L + K - 1)
             for p in range(L):
                 composite[0, :, p:p + K] += (taps[..., p, None] * E).sum(0)
-            return self.ops[2](x.new_ones(B, T, 1, dtype=taps.dtype), x.to(taps.dtype), composite)
+            return self.ops.rank_one_read(x.new_ones(B, T, 1, dtype=taps.dtype), x.to(taps.dtype), composite)
