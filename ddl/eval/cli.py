@@ -27,13 +27,12 @@ def _resolve(target: str) -> Path:
 def _download(tasks: list[str]) -> int:
     """Fill the Hugging Face cache with the tasks' datasets (the offline task needs none)."""
     os.environ["HF_DATASETS_OFFLINE"] = os.environ["HF_HUB_OFFLINE"] = "0"
-    from lm_eval.tasks import get_task_dict
     from .harness import check_known, task_manager
     hub_tasks = [t for t in tasks if t != OFFLINE_TASK]
     manager = task_manager()
     try:
         check_known(hub_tasks, manager)
-        get_task_dict(hub_tasks, manager)
+        manager.load(hub_tasks)
     except Exception as err:
         print(f"ddl-eval: error: download of {' '.join(hub_tasks)} failed: {type(err).__name__}: {err}".splitlines()[0])
         return 1

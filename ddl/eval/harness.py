@@ -52,12 +52,11 @@ def load_tasks(tasks: list[str], manager):
     ddl never downloads during a run (cluster nodes are often offline and a hung download wastes
     the allocation): `ddl-eval download` fills the cache on a connected machine.
     """
-    from lm_eval.tasks import get_task_dict
     check_known(tasks, manager)
     loaded = {}
     for task in tasks:
         try:
-            loaded.update(get_task_dict([task], manager))
+            loaded.update(manager.load([task])["tasks"])
         except Exception as err:
             raise TaskUnavailable(
                 f"eval.tasks={task!r}: its dataset is not in the Hugging Face cache ({type(err).__name__}); on a "
