@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH_CPU := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test report ui bench clean-runs
+.PHONY: install demo test lint report ui bench clean-runs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,9 +24,13 @@ demo: install
 	$(BIN)/ddl-run -m +sweep=demo
 	$(MAKE) --no-print-directory report
 
-test: install
+test: install lint
 	scripts/system-deps
 	$(BIN)/python -m pytest -q
+
+# pyflakes and bugbear at the project's line length (pyproject's [tool.ruff]).
+lint: install
+	$(BIN)/ruff check .
 
 report: install
 	$(BIN)/ddl-report

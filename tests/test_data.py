@@ -71,7 +71,7 @@ def test_val_batches_are_fixed(embedded):
     a = [x for x, _ in val_batches(embedded.val, 4, 32, max_tokens=32 * 10)]
     b = [x for x, _ in val_batches(embedded.val, 4, 32, max_tokens=32 * 10)]
     assert len(a) == 3 and sum(len(x) for x in a) == 10
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def test_files_source_reads_txt_jsonl_parquet(tmp_path):

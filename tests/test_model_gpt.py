@@ -134,7 +134,7 @@ def assert_same_map_and_gradients(fused, eager, X, module):
     G = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(4))
     grads = torch.autograd.grad(out, [X, *module.parameters()], G)
     expected_grads = torch.autograd.grad(expected, [X, *module.parameters()], G)
-    for a, b in zip(grads, expected_grads):
+    for a, b in zip(grads, expected_grads, strict=True):
         assert torch.allclose(a, b, atol=1e-10)
 
 

@@ -110,10 +110,10 @@ def test_fused_update_matches_the_plain_one_in_value_and_gradient(dv, loops):
     g = torch.Generator().manual_seed(3)
     weights = [torch.randn(out.shape, generator=g) for out in plain]            # a loss on both outputs
     for outputs in (plain, fused):
-        sum((out * w).sum() for out, w in zip(outputs, weights)).backward()
-    for a, b in zip(plain, fused):
+        sum((out * w).sum() for out, w in zip(outputs, weights, strict=True)).backward()
+    for a, b in zip(plain, fused, strict=True):
         assert torch.allclose(a, b, atol=1e-12)
-    for name, a, b in zip(("X", "k_raw", "beta", "v"), plain_in, fused_in):
+    for name, a, b in zip(("X", "k_raw", "beta", "v"), plain_in, fused_in, strict=True):
         assert torch.allclose(a.grad, b.grad, atol=1e-12), name
     assert torch.autograd.gradcheck(lambda *t: FusedDeltaUpdate.apply(*t, K_EPS), update_inputs(dv))
 
@@ -133,7 +133,7 @@ def assert_fused_matches_plain(plain, fused, inputs, g):
     assert torch.allclose(out, expected, atol=1e-12)
     G = torch.randn(expected.shape, generator=g)
     expected.backward(G), out.backward(G)
-    for a, b in zip(plain_in, fused_in):
+    for a, b in zip(plain_in, fused_in, strict=True):
         assert torch.allclose(a.grad, b.grad, atol=1e-12)
     assert torch.autograd.gradcheck(fused, [t.clone().requires_grad_() for t in inputs])
 
@@ -179,6 +179,6 @@ def test_fused_norm_with_projections_matches_the_plain_ops(n_c, n_x, loops):
     expected, out = loss(eager.norm_projections, *plain_in), loss(norm_projections, *fused_in)
     assert torch.allclose(out, expected, atol=1e-12)
     expected.backward(), out.backward()
-    for name, a, b in zip(("x", "weight", "W_c", "W_x"), plain_in, fused_in):
+    for name, a, b in zip(("x", "weight", "W_c", "W_x"), plain_in, fused_in, strict=True):
         assert torch.allclose(a.grad, b.grad, atol=1e-12), name
     assert torch.autograd.gradcheck(lambda *t: norm_projections(*t, 1e-6), [t.clone().requires_grad_() for t in inputs])

@@ -8,7 +8,6 @@ import sys
 
 import torch
 
-from ddl.model import GPT, model_config
 from ddl.model.fused import native
 
 D, DV, K_EPS = 16, 4, 1e-5
@@ -73,7 +72,7 @@ def test_the_cpp_kernels_give_the_same_bits_whatever_the_thread_count():
         torch.set_num_threads(threads)
     for other in results[1:]:
         for name, outputs in other.items():
-            assert all(torch.equal(a, b) for a, b in zip(results[0][name], outputs)), name
+            assert all(torch.equal(a, b) for a, b in zip(results[0][name], outputs, strict=True)), name
 
 
 def test_a_build_killed_midway_does_not_hang_the_next_process():

@@ -23,7 +23,7 @@ FIXTURE = torch.load(__import__("pathlib").Path(__file__).parent / "fixtures" / 
 
 def unflatten(names, shapes, flat, dtype=torch.float64):
     out, offset = {}, 0
-    for name, shape in zip(names, shapes):
+    for name, shape in zip(names, shapes, strict=True):
         n = math.prod(shape)
         out[name] = flat[offset:offset + n].view(shape).to(dtype)
         offset += n
@@ -43,7 +43,7 @@ def test_our_model_with_the_authors_weights_gives_their_logits_and_gradients(var
     assert (logits - case["logits"]).abs().max() < 1e-10
     assert abs(loss.item() - case["loss"].item()) < 1e-12
     loss.backward()
-    shapes = dict(zip(case["names"], case["shapes"]))
+    shapes = dict(zip(case["names"], case["shapes"], strict=True))
     expected = to_ours(unflatten(case["grad_names"], [shapes[n] for n in case["grad_names"]], case["grads"]),
                        model, strict=False)
     assert expected.keys() == {name for name, _ in model.named_parameters()}

@@ -92,7 +92,7 @@ def test_runs_that_differ_in_a_setting_are_rows_not_seeds(report):
 def test_ties_share_their_rank():
     from ddl.report.tables import Cell, Column, Table
     table = Table("t", "t", ["a", "b", "c", "d"], [Column("acc", "Acc", True), Column("loss", "Loss", False)])
-    for row, acc, loss in zip("abcd", [38.96, 38.96, 45.45, 10.0], [2.0, 1.5, 1.5, 3.0]):
+    for row, acc, loss in zip("abcd", [38.96, 38.96, 45.45, 10.0], [2.0, 1.5, 1.5, 3.0], strict=True):
         table.cells[row, "acc"], table.cells[row, "loss"] = Cell(acc), Cell(loss)
     table.rank()
     assert [table.cells[r, "acc"].rank for r in "abcd"] == [2, 2, 1, 0]

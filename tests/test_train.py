@@ -164,7 +164,7 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_pat
     import json
     ddp = json.loads((tmp_path / "ddp" / "losses.json").read_text())
     assert [s for s, _ in ddp] == [s for s, _ in single.losses()]
-    for (_, a), (_, b) in zip(ddp, single.losses()):
+    for (_, a), (_, b) in zip(ddp, single.losses(), strict=True):
         assert math.isclose(a, b, rel_tol=1e-4)
 
 

@@ -33,7 +33,7 @@ class BatchLoader:
         mine = draws[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
         shard_ids = np.searchsorted(self._cumulative, mine, side="right")
         offsets = mine - np.concatenate(([0], self._cumulative))[shard_ids]
-        rows = np.stack([self.split.shards[s][o:o + self.seq_len + 1] for s, o in zip(shard_ids, offsets)])
+        rows = np.stack([self.split.shards[s][o:o + self.seq_len + 1] for s, o in zip(shard_ids, offsets, strict=True)])
         rows = torch.from_numpy(rows.astype(np.int64))
         return rows[:, :-1], rows[:, 1:]
 

@@ -67,7 +67,7 @@ class DDLLM(TemplateLM):
                 inputs[row, : len(window) - 1] = torch.tensor(window[:-1])
             logits, _ = self.model(inputs.to(self._device))
             log_probs = F.log_softmax(logits.float(), dim=-1).cpu()
-            for row, ((_, cont), window) in enumerate(zip(batch, windows)):
+            for row, ((_, cont), window) in enumerate(zip(batch, windows, strict=True)):
                 n_in = len(window) - 1
                 positions = torch.arange(n_in - len(cont), n_in)               # predicting the continuation
                 targets = torch.tensor(cont)

@@ -58,7 +58,7 @@ class FusedDeltaUpdate(torch.autograd.Function):
         X, *_ = saved = ctx.saved_tensors
         with torch.autocast(G.device.type, enabled=False):
             grads = loops_for(X).update_backward(G.to(X.dtype), g_w, *saved)
-        return *(g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)), None
+        return *(g.to(dtype) for g, dtype in zip(grads, ctx.dtypes, strict=True)), None
 
 
 def _keeping_inputs(name: str, op: str, doc: str) -> type[torch.autograd.Function]:
@@ -107,7 +107,7 @@ class FusedNormProjections(torch.autograd.Function):
     def backward(ctx, g_c, g_lc, g_lx):
         x, weight, W_c, W_x, rho = ctx.saved_tensors
         shapes = (x.shape, x.shape[:-1] + W_c.shape[:1], x.shape[:-1] + W_x.shape[:1])
-        grads = [x.new_zeros(shape) if g is None else g.to(x.dtype) for g, shape in zip((g_c, g_lc, g_lx), shapes)]
+        grads = [x.new_zeros(shape) if g is None else g.to(x.dtype) for g, shape in zip((g_c, g_lc, g_lx), shapes, strict=True)]
         with torch.autocast(x.device.type, enabled=False):
             g_x, g_weight, g_Wc, g_Wx = torch.ops.ddl_delta.norm_backward(*grads, x, weight, W_c, W_x, rho)
-        return *(g.to(dtype) for g, dtype in zip((g_x, g_weight, g_Wc, g_Wx), ctx.dtypes)), None
+        return *(g.to(dtype) for g, dtype in zip((g_x, g_weight, g_Wc, g_Wx), ctx.dtypes, strict=True)), None
