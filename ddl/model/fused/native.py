@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
 import os
 import sys
 import warnings
@@ -29,11 +30,14 @@ def enabled() -> bool:
 
 
 def build_directory() -> Path:
-    """Where this Python, torch and CPU vector width's build lives, under torch's extension cache."""
+    """Where this checkout's build for this Python, torch and CPU vector width lives, under torch's
+    extension cache. Two checkouts (or installs) share no directory: torch rebuilds whenever the
+    source path in its build file changes, so shared, they would rebuild each other's in turn."""
     from torch.utils import cpp_extension
 
     level = torch.backends.cpu.get_cpu_capability()
-    tag = f"py{sys.version_info.major}{sys.version_info.minor}_torch{torch.__version__}_{level}"
+    checkout = hashlib.sha256(str(SOURCE.resolve()).encode()).hexdigest()[:8]
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}_torch{torch.__version__}_{level}_{checkout}"
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     return Path(root) / "ddl_delta" / tag.replace(".", "").replace("+", "_")
 
