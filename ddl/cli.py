@@ -21,8 +21,12 @@ def _one_line(err: BaseException) -> str:
         return f"{group.split('/')[-1]}={option}: {allowed}"
     override = re.search(r"Could not override '([^']+)'", text)
     if override:
-        key = override.group(1)
-        return f"{key}: unknown key (ddl-run --help lists them; a field the YAML leaves out is set as +{key}=...)"
+        from .launch.spec import unknown_key
+        return unknown_key(override.group(1))
+    ambiguous = re.search(r"Ambiguous value for argument '([^=']+)=([^']*)'", text)
+    if ambiguous:
+        key, values = ambiguous.groups()
+        return f"{key}={values}: several values make a sweep; add -m (ddl-run -m {key}={values})"
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
     return first
 

@@ -108,6 +108,13 @@ def test_a_failing_job_does_not_stop_its_siblings(ddl_home):
     assert failed.data.tags["ddl.error"].startswith("NonFiniteLoss: train loss is nan at step 1")
 
 
+def test_a_list_of_values_without_m_says_to_add_it(ddl_home):
+    out = run_cli("ddl-run", *SMOKE, "dv=1,4")
+    assert out.returncode == 2 and out.stderr.strip() == ("ddl-run: error: dv=1,4: several values make a sweep; "
+                                                          "add -m (ddl-run -m dv=1,4)")
+    assert not (ddl_home / "runs").exists()
+
+
 @pytest.mark.slow
 def test_an_unavailable_hub_task_keeps_the_training_results(ddl_home, tmp_path):
     out = run_cli("ddl-run", *SMOKE, "eval.tasks=[arc_easy]", "eval.shots=[0]", "experiment=hub",
@@ -126,6 +133,8 @@ def test_an_unavailable_hub_task_keeps_the_training_results(ddl_home, tmp_path):
     ("dv=2 conv=cc ddl.state_conv_kernel=3", "state_conv_kernel=3: must be <= dv=2 for conv=cc"),
     ("train.steps=-5", "train.steps=-5: must be an integer >= 1"),
     ("foo=1", "foo: unknown key"),
+    ("train.max_steps=100", "train.max_steps: unknown key; did you mean train.steps?"),
+    ("model.rope_base=500", "model.rope_base: the YAML leaves it out; set it as +model.rope_base=<value>"),
     ("residual=sum", "residual='sum': must be one of baseline, ddl"),
     ("data.tokenizer=words", "data.tokenizer='words': must be one of byte, bpe, gpt2"),
     ("data=files", "data.files=???: needs a value"),

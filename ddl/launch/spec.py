@@ -21,6 +21,27 @@ TOP_LEVEL_KEYS = ("model", "data", "train", "eval", "ddl", "residual", "dv", "co
                   "experiment", "dry_run")
 
 
+GROUP_SCHEMAS = {"model": ModelConfig, "ddl": ModelConfig, "data": DataConfig, "train": TrainConfig,
+                 "eval": EvalConfig}
+
+
+def known_keys() -> list[str]:
+    """Every key ddl-run reads: the top-level axes and each group's dataclass fields."""
+    keys = [k for k in TOP_LEVEL_KEYS if k not in GROUP_SCHEMAS]
+    return keys + [f"{group}.{f.name}" for group, schema in GROUP_SCHEMAS.items() for f in dataclasses.fields(schema)]
+
+
+def unknown_key(key: str) -> str:
+    """The one line for an override of a key the composed config lacks: a real field the YAML leaves
+    out is set with +; otherwise the closest real key."""
+    import difflib
+    keys = known_keys()
+    if key in keys:
+        return f"{key}: the YAML leaves it out; set it as +{key}=<value>"
+    near = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    return f"{key}: unknown key" + (f"; did you mean {near[0]}?" if near else " (ddl-run --help lists them)")
+
+
 def _group(cfg: DictConfig, group: str, schema: type, extra: tuple[str, ...] = ()) -> dict:
     """The group's set values, checked against the dataclass it fills: one line for an unknown key
     or a required value left unset (???)."""
