@@ -29,7 +29,7 @@ import torch
 from . import paths
 from .model import GPT, SIZES, ModelConfig
 from .model.config import BF16_PEAK_FLOPS, training_flops
-from .model.fused import eager, loops_for
+from .model.fused import loops_name
 from .train.distributed import keep_freed_memory
 
 DDL_ARMS = {"ddl_dv1": dict(residual="ddl", dv=1), "ddl_dv4": dict(residual="ddl", dv=4),
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"machine": {"device": torch.cuda.get_device_name() if cuda else cpu_name(),
                           "torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
                           "keep_freed_memory": reuses_memory,
-                          "fused_loops": "PyTorch ops" if loops_for(torch.empty(0, device=device)) is eager else "C++"},
+                          "fused_loops": loops_name(torch.empty(0, device=device))},
               "config": {**shape, "batch": batch, "seq_len": seq}}
     result["model"] = model_costs(device, shape, batch, seq, rounds, steps, compile_=False)
     if cuda:  # the paper's small size, bf16, compiled and not
