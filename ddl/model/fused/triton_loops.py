@@ -33,8 +33,9 @@ FEATURES_PER_BLOCK = 64     # features (along d) per program of the depthwise op
 # ---- the update: one program per token n, its (dv, d) tile in registers ----
 
 @triton.jit
-def _update_forward_kernel(X, h, beta, v, X_new, w, rho, q, eps2, dv, d,
-                           BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+def _update_inputs(X, h, beta, v, dv, d, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's token n, its channel and feature indices and masks, the offsets of its (dv, d)
+    tile, and its k~, X tile, beta and v as fp32."""
     n = tl.program_id(0).to(tl.int64)
     j, i = tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_D)
     in_dv, in_d = j < dv, i < d
@@ -44,6 +45,13 @@ def _update_forward_kernel(X, h, beta, v, X_new, w, rho, q, eps2, dv, d,
     X_n = tl.load(X + tile, mask=in_tile, other=0.0).to(tl.float32)
     b = tl.load(beta + n).to(tl.float32)
     v_n = tl.load(v + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
+    return n, j, i, in_dv, in_d, tile, in_tile, k, X_n, b, v_n
+
+
+@triton.jit
+def _update_forward_kernel(X, h, beta, v, X_new, w, rho, q, eps2, dv, d,
+                           BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    n, j, i, in_dv, in_d, tile, in_tile, k, X_n, b, v_n = _update_inputs(X, h, beta, v, dv, d, BLOCK_DV, BLOCK_D)
     r = 1.0 / tl.sqrt(tl.sum(k * k) + eps2)                       # rho = 1 / sqrt(|k~|^2 + eps^2)
     q_n = tl.sum(X_n * k[None, :], axis=1)                        # X_j . k~
     w_n = b * r * (v_n - r * q_n)
@@ -56,16 +64,9 @@ def _update_forward_kernel(X, h, beta, v, X_new, w, rho, q, eps2, dv, d,
 @triton.jit
 def _update_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, dv, d,
                             HAS_G_W: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
-    n = tl.program_id(0).to(tl.int64)
-    j, i = tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_D)
-    in_dv, in_d = j < dv, i < d
-    tile = (n * dv + j[:, None]) * d + i[None, :]
-    in_tile = in_dv[:, None] & in_d[None, :]
-    k = tl.load(h + n * d + i, mask=in_d, other=0.0).to(tl.float32)
+    n, j, i, in_dv, in_d, tile, in_tile, k, X_n, b, v_n = _update_inputs(X, h, beta, v, dv, d, BLOCK_DV, BLOCK_D)
     G_n = tl.load(G + tile, mask=in_tile, other=0.0).to(tl.float32)
-    X_n = tl.load(X + tile, mask=in_tile, other=0.0).to(tl.float32)
-    b, r = tl.load(beta + n).to(tl.float32), tl.load(rho + n).to(tl.float32)
-    v_n = tl.load(v + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
+    r = tl.load(rho + n).to(tl.float32)
     q_n = tl.load(q + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
     g_w_n = tl.sum(G_n * k[None, :], axis=1)                      # dL/dw_j = G_j . k~ + g_w_j
     if HAS_G_W:
@@ -110,9 +111,21 @@ def _rows_at(x, n, shift, valid, i, in_d, d):
 
 
 @triton.jit
-def _store_tap_partial(partials, acc, chunk, lag, j, i, in_L, in_dv, in_d, L, dv, d):
-    """partials[chunk] (dv,d,L) <- this program's (lag, j, i) sum over its tokens, in tap order."""
-    offsets = chunk * dv * d * L + (j[None, :, None] * d + i[None, None, :]) * L + (L - 1 - lag[:, None, None])
+def _chunk_start(A, N, L, dv, d, TOKENS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr,
+                 BLOCK_D: tl.constexpr):
+    """A backward program's axes (as _axes), its taps, a zero (lag, j, i) accumulator for their
+    gradient, and its chunk's tokens [first, last)."""
+    lag, j, i, in_L, in_dv, in_d = _axes(L, dv, d, BLOCK_L, BLOCK_DV, BLOCK_D)
+    taps = _taps(A, lag, j, i, in_L, in_dv, in_d, L, d)
+    first = tl.program_id(0).to(tl.int64) * TOKENS
+    acc = tl.zeros((BLOCK_L, BLOCK_DV, BLOCK_D), dtype=tl.float32)
+    return lag, j, i, in_L, in_dv, in_d, taps, acc, first, tl.minimum(first + TOKENS, N)
+
+
+@triton.jit
+def _store_tap_partial(partials, acc, lag, j, i, in_L, in_dv, in_d, L, dv, d):
+    """partials[chunk] (dv,d,L) <- this program's (lag, j, i) sum over its chunk's tokens, in tap order."""
+    offsets = tl.program_id(0) * dv * d * L + (j[None, :, None] * d + i[None, None, :]) * L + (L - 1 - lag[:, None, None])
     tl.store(partials + offsets, acc, mask=in_L[:, None, None] & in_dv[None, :, None] & in_d[None, None, :])
 
 
@@ -133,19 +146,16 @@ def _read_forward_kernel(X, A, x, T, L, dv, d, BLOCK_L: tl.constexpr, BLOCK_DV: 
 def _read_backward_kernel(g, X, A, g_X, partials, N, T, L, dv, d, TOKENS: tl.constexpr,
                           BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
     """g_X[t, j] = sum over lag of A[j, :, L-1-lag] * g[t+lag]; the taps' partial sum_t X[t, j] * g[t+lag]."""
-    chunk = tl.program_id(0)
-    lag, j, i, in_L, in_dv, in_d = _axes(L, dv, d, BLOCK_L, BLOCK_DV, BLOCK_D)
-    taps = _taps(A, lag, j, i, in_L, in_dv, in_d, L, d)
+    lag, j, i, in_L, in_dv, in_d, taps, acc, first, last = _chunk_start(A, N, L, dv, d, TOKENS, BLOCK_L, BLOCK_DV,
+                                                                      BLOCK_D)
     in_tile = in_dv[:, None] & in_d[None, :]
-    acc = tl.zeros((BLOCK_L, BLOCK_DV, BLOCK_D), dtype=tl.float32)
-    first = chunk.to(tl.int64) * TOKENS
-    for n in range(first, tl.minimum(first + TOKENS, N)):
+    for n in range(first, last):
         g_ahead = _rows_at(g, n, lag, in_L & (n % T + lag < T), i, in_d, d)      # g[t + lag] (lag, i)
         tile = (n * dv + j[:, None]) * d + i[None, :]
         X_n = tl.load(X + tile, mask=in_tile, other=0.0).to(tl.float32)
         tl.store(g_X + tile, tl.sum(taps * g_ahead[:, None, :], axis=0).to(g_X.dtype.element_ty), mask=in_tile)
         acc += X_n[None, :, :] * g_ahead[:, None, :]
-    _store_tap_partial(partials, acc, chunk, lag, j, i, in_L, in_dv, in_d, L, dv, d)
+    _store_tap_partial(partials, acc, lag, j, i, in_L, in_dv, in_d, L, dv, d)
 
 
 @triton.jit
@@ -167,12 +177,10 @@ def _rank_one_backward_kernel(g, w, h, A, g_w_partials, g_h, partials, N, T, L, 
                               BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
     """With A_lag = A[:, :, L-1-lag] and P = g[t+lag] * k~[t]: g_k~[t] = sum over lag of g[t+lag] * (w[t] A_lag),
     this block's share of g_w[t, j] = sum over lag, i of P A_lag[j], and the taps' partial sum_t w[t, j] P."""
-    chunk, block = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    lag, j, i, in_L, in_dv, in_d = _axes(L, dv, d, BLOCK_L, BLOCK_DV, BLOCK_D)
-    taps = _taps(A, lag, j, i, in_L, in_dv, in_d, L, d)
-    acc = tl.zeros((BLOCK_L, BLOCK_DV, BLOCK_D), dtype=tl.float32)
-    first = chunk.to(tl.int64) * TOKENS
-    for n in range(first, tl.minimum(first + TOKENS, N)):
+    lag, j, i, in_L, in_dv, in_d, taps, acc, first, last = _chunk_start(A, N, L, dv, d, TOKENS, BLOCK_L, BLOCK_DV,
+                                                                      BLOCK_D)
+    block = tl.program_id(1).to(tl.int64)
+    for n in range(first, last):
         g_ahead = _rows_at(g, n, lag, in_L & (n % T + lag < T), i, in_d, d)
         k = tl.load(h + n * d + i, mask=in_d, other=0.0).to(tl.float32)
         w_n = tl.load(w + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
@@ -182,7 +190,7 @@ def _rank_one_backward_kernel(g, w, h, A, g_w_partials, g_h, partials, N, T, L, 
         g_w_n = tl.sum(tl.sum(P[:, None, :] * taps, axis=2), axis=0)             # (j,)
         tl.store(g_w_partials + (block * N + n) * dv + j, g_w_n, mask=in_dv)
         acc += w_n[None, :, None] * P[:, None, :]
-    _store_tap_partial(partials, acc, chunk, lag, j, i, in_L, in_dv, in_d, L, dv, d)
+    _store_tap_partial(partials, acc, lag, j, i, in_L, in_dv, in_d, L, dv, d)
 
 
 @triton.jit
@@ -201,12 +209,9 @@ def _expand_forward_kernel(x, E, X, T, L, dv, d, BLOCK_L: tl.constexpr, BLOCK_DV
 def _expand_backward_kernel(g, x, E, g_x, partials, N, T, L, dv, d, TOKENS: tl.constexpr,
                             BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
     """g_x[t] = sum over lag, j of E[j, :, L-1-lag] * g[t+lag, j]; the taps' partial sum_t g[t+lag, j] * x[t]."""
-    chunk = tl.program_id(0)
-    lag, j, i, in_L, in_dv, in_d = _axes(L, dv, d, BLOCK_L, BLOCK_DV, BLOCK_D)
-    taps = _taps(E, lag, j, i, in_L, in_dv, in_d, L, d)
-    acc = tl.zeros((BLOCK_L, BLOCK_DV, BLOCK_D), dtype=tl.float32)
-    first = chunk.to(tl.int64) * TOKENS
-    for n in range(first, tl.minimum(first + TOKENS, N)):
+    lag, j, i, in_L, in_dv, in_d, taps, acc, first, last = _chunk_start(E, N, L, dv, d, TOKENS, BLOCK_L, BLOCK_DV,
+                                                                      BLOCK_D)
+    for n in range(first, last):
         ahead = in_L & (n % T + lag < T)
         offsets = ((n + lag[:, None, None]) * dv + j[None, :, None]) * d + i[None, None, :]
         mask = ahead[:, None, None] & in_dv[None, :, None] & in_d[None, None, :]
@@ -214,7 +219,7 @@ def _expand_backward_kernel(g, x, E, g_x, partials, N, T, L, dv, d, TOKENS: tl.c
         x_n = tl.load(x + n * d + i, mask=in_d, other=0.0).to(tl.float32)
         tl.store(g_x + n * d + i, tl.sum(tl.sum(taps * g_ahead, axis=0), axis=0).to(g_x.dtype.element_ty), mask=in_d)
         acc += g_ahead * x_n[None, None, :]
-    _store_tap_partial(partials, acc, chunk, lag, j, i, in_L, in_dv, in_d, L, dv, d)
+    _store_tap_partial(partials, acc, lag, j, i, in_L, in_dv, in_d, L, dv, d)
 
 
 # ---- the ops ----
@@ -225,13 +230,26 @@ def _update_grid(dv: int, d: int) -> dict:
     return dict(BLOCK_DV=block_dv, BLOCK_D=block_d, num_warps=min(16, max(1, block_dv * block_d // 256)))
 
 
-def _depthwise_blocks(L: int, dv: int, d: int) -> dict:
-    return dict(BLOCK_L=triton.next_power_of_2(L), BLOCK_DV=triton.next_power_of_2(dv),
-                BLOCK_D=min(FEATURES_PER_BLOCK, triton.next_power_of_2(d)))
+def _block_d(d: int) -> int:
+    return min(FEATURES_PER_BLOCK, triton.next_power_of_2(d))
 
 
-def _token_chunks(N: int) -> int:
-    return triton.cdiv(N, TOKENS_PER_CHUNK)
+def _by_token(kernel, tensors: tuple, B: int, T: int, L: int, dv: int, d: int) -> None:
+    """Launches a depthwise forward: kernel(*tensors, T, L, dv, d), one program per token and block of features."""
+    blocks = dict(BLOCK_L=triton.next_power_of_2(L), BLOCK_DV=triton.next_power_of_2(dv), BLOCK_D=_block_d(d))
+    wrap_triton(kernel)[(B * T, triton.cdiv(d, _block_d(d)))](*tensors, T, L, dv, d, **blocks)
+
+
+def _by_chunk(kernel, tensors: tuple, taps: torch.Tensor, B: int, T: int, dv: int, d: int) -> torch.Tensor:
+    """Launches a depthwise backward: kernel(*tensors, partials, N, T, L, dv, d), one program per chunk of
+    tokens and block of features; returns the taps' gradient, the chunks' partials summed in order."""
+    L = taps.size(-1)
+    chunks = triton.cdiv(B * T, TOKENS_PER_CHUNK)
+    partials = taps.new_empty((chunks, *taps.shape), dtype=torch.float32)
+    blocks = dict(BLOCK_L=triton.next_power_of_2(L), BLOCK_DV=triton.next_power_of_2(dv), BLOCK_D=_block_d(d))
+    wrap_triton(kernel)[(chunks, triton.cdiv(d, _block_d(d)))](*tensors, partials, B * T, T, L, dv, d,
+                                                                 TOKENS=TOKENS_PER_CHUNK, **blocks)
+    return partials.sum(0).to(taps.dtype)
 
 
 @triton_op("ddl_triton::update_forward", mutates_args=())
@@ -267,9 +285,7 @@ def read_forward(X: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
     X, A = X.contiguous(), A.contiguous()
     B, T, dv, d = X.shape
     x = X.new_empty(B, T, d)
-    blocks = _depthwise_blocks(A.size(-1), dv, d)
-    grid = (B * T, triton.cdiv(d, blocks["BLOCK_D"]))
-    wrap_triton(_read_forward_kernel)[grid](X, A, x, T, A.size(-1), dv, d, **blocks)
+    _by_token(_read_forward_kernel, (X, A, x), B, T, A.size(-1), dv, d)
     return x
 
 
@@ -278,13 +294,8 @@ def read_backward(g: torch.Tensor, X: torch.Tensor, A: torch.Tensor) -> tuple[to
     g, X, A = g.contiguous(), X.contiguous(), A.contiguous()
     B, T, dv, d = X.shape
     g_X = g.new_empty(X.shape)
-    blocks = _depthwise_blocks(A.size(-1), dv, d)
-    chunks = _token_chunks(B * T)
-    partials = A.new_empty((chunks, *A.shape), dtype=torch.float32)
-    grid = (chunks, triton.cdiv(d, blocks["BLOCK_D"]))
-    wrap_triton(_read_backward_kernel)[grid](g, X, A, g_X, partials, B * T, T, A.size(-1), dv, d,
-                                             TOKENS=TOKENS_PER_CHUNK, **blocks)
-    return g_X, partials.sum(0).to(A.dtype)
+    g_A = _by_chunk(_read_backward_kernel, (g, X, A, g_X), A, B, T, dv, d)
+    return g_X, g_A
 
 
 @triton_op("ddl_triton::rank_one_forward", mutates_args=())
@@ -292,9 +303,7 @@ def rank_one_forward(w: torch.Tensor, h: torch.Tensor, A: torch.Tensor) -> torch
     w, h, A = w.contiguous(), h.contiguous(), A.contiguous()
     B, T, d = h.shape
     x = w.new_empty(h.shape)
-    blocks = _depthwise_blocks(A.size(-1), w.size(-1), d)
-    grid = (B * T, triton.cdiv(d, blocks["BLOCK_D"]))
-    wrap_triton(_rank_one_forward_kernel)[grid](w, h, A, x, T, A.size(-1), w.size(-1), d, **blocks)
+    _by_token(_rank_one_forward_kernel, (w, h, A, x), B, T, A.size(-1), w.size(-1), d)
     return x
 
 
@@ -305,24 +314,17 @@ def rank_one_backward(g: torch.Tensor, w: torch.Tensor, h: torch.Tensor,
     B, T, d = h.shape
     dv = w.size(-1)
     g_h = g.new_empty(h.shape)
-    blocks = _depthwise_blocks(A.size(-1), dv, d)
-    chunks, feature_blocks = _token_chunks(B * T), triton.cdiv(d, blocks["BLOCK_D"])
-    partials = A.new_empty((chunks, *A.shape), dtype=torch.float32)
-    g_w_partials = w.new_empty((feature_blocks, B, T, dv), dtype=torch.float32)    # summed over feature blocks
-    wrap_triton(_rank_one_backward_kernel)[(chunks, feature_blocks)](g, w, h, A, g_w_partials, g_h, partials, B * T, T,
-                                                                     A.size(-1), dv, d, TOKENS=TOKENS_PER_CHUNK, **blocks)
-    return g_w_partials.sum(0).to(g.dtype), g_h, partials.sum(0).to(A.dtype)
+    g_w_partials = w.new_empty((triton.cdiv(d, _block_d(d)), B, T, dv), dtype=torch.float32)  # one per feature block
+    g_A = _by_chunk(_rank_one_backward_kernel, (g, w, h, A, g_w_partials, g_h), A, B, T, dv, d)
+    return g_w_partials.sum(0).to(g.dtype), g_h, g_A
 
 
 @triton_op("ddl_triton::expand_forward", mutates_args=())
 def expand_forward(x: torch.Tensor, E: torch.Tensor) -> torch.Tensor:
     x, E = x.contiguous(), E.contiguous()
     B, T, d = x.shape
-    dv = E.size(0)
-    X = x.new_empty(B, T, dv, d)
-    blocks = _depthwise_blocks(E.size(-1), dv, d)
-    grid = (B * T, triton.cdiv(d, blocks["BLOCK_D"]))
-    wrap_triton(_expand_forward_kernel)[grid](x, E, X, T, E.size(-1), dv, d, **blocks)
+    X = x.new_empty(B, T, E.size(0), d)
+    _by_token(_expand_forward_kernel, (x, E, X), B, T, E.size(-1), E.size(0), d)
     return X
 
 
@@ -330,12 +332,6 @@ def expand_forward(x: torch.Tensor, E: torch.Tensor) -> torch.Tensor:
 def expand_backward(g: torch.Tensor, x: torch.Tensor, E: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     g, x, E = g.contiguous(), x.contiguous(), E.contiguous()
     B, T, d = x.shape
-    dv = E.size(0)
     g_x = g.new_empty(x.shape)
-    blocks = _depthwise_blocks(E.size(-1), dv, d)
-    chunks = _token_chunks(B * T)
-    partials = E.new_empty((chunks, *E.shape), dtype=torch.float32)
-    grid = (chunks, triton.cdiv(d, blocks["BLOCK_D"]))
-    wrap_triton(_expand_backward_kernel)[grid](g, x, E, g_x, partials, B * T, T, E.size(-1), dv, d,
-                                               TOKENS=TOKENS_PER_CHUNK, **blocks)
-    return g_x, partials.sum(0).to(E.dtype)
+    g_E = _by_chunk(_expand_backward_kernel, (g, x, E, g_x), E, B, T, E.size(0), d)
+    return g_x, g_E
