@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH_CPU := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint report ui bench clean-runs
+.PHONY: install demo test lint report ui bench gpu-check clean-runs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ ui: install
 # The cost of the Delta residual against the baseline (same-process ratios) and of the orchestrator.
 bench: install
 	$(BIN)/python -m ddl.bench
+
+# On a machine with a CUDA GPU: the Triton kernel and model tests on CUDA, a 50-step paper-small bf16
+# run per arm, the bench's CUDA half; reports/gpu-check/. Without one: one line, exit 0.
+gpu-check: install
+	$(BIN)/python -m ddl.gpu_check
 
 clean-runs:
 	rm -rf .ddl reports/*/

@@ -3,13 +3,17 @@
 The state's four ops (update, read, rank-1 read, EC expansion) are autograd Functions, each tested
 against its plain PyTorch form in ddl/model/delta.py, in value and gradient. Their loops run as C++
 on CPU (cpu.cpp, built once per machine by native.py: one pass over each tensor per op and
-direction, parallel over tokens) and as PyTorch ops elsewhere (eager.py, the same math op by op).
+direction, parallel over tokens), as Triton kernels on CUDA (triton_loops.py, imported on first use
+there) and as PyTorch ops elsewhere or where neither can run (eager.py, the same math op by op).
 For backward they save their inputs and a few (B,T,dv) numbers, nothing state-sized.
 norm_projections, a sublayer's RMSNorm with the gates' linear maps, is one C++ op on CPU and the
-plain ops elsewhere.
+plain ops elsewhere (CUDA included).
 """
 
 from __future__ import annotations
+
+import functools
+import warnings
 
 import torch
 
@@ -17,14 +21,48 @@ from . import eager, native
 
 
 def loops_for(t: torch.Tensor):
-    """The implementation of the loops for tensors like t: the C++ one on CPU when built, else eager."""
-    return torch.ops.ddl_delta if t.device.type == "cpu" and _native() else eager
+    """The implementation of the loops for tensors like t: the C++ one on CPU when built, the Triton
+    one on CUDA when triton imports (fp32 and narrower: it accumulates in fp32), else eager.
+    DDL_NATIVE_KERNELS=0 asks for eager everywhere."""
+    if _runs_cpp(t):
+        return torch.ops.ddl_delta
+    if t.device.type == "cuda" and t.dtype != torch.float64 and _triton():
+        return torch.ops.ddl_triton
+    return eager
+
+
+def loops_name(t: torch.Tensor) -> str:
+    """What runs the fused ops' loops for tensors like t, in words (for reports)."""
+    return "C++" if _runs_cpp(t) else "PyTorch ops" if loops_for(t) is eager else "Triton"
+
+
+def _runs_cpp(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and _native()
 
 
 @torch.compiler.assume_constant_result
 def _native() -> bool:
     """Whether the C++ loops run on CPU: a constant to torch.compile, which builds them while tracing."""
     return native.enabled() and native.ops() is not None
+
+
+@torch.compiler.assume_constant_result
+def _triton() -> bool:
+    """Whether the Triton loops run on CUDA: a constant to torch.compile."""
+    return native.enabled() and _triton_registered()
+
+
+@functools.cache
+def _triton_registered() -> bool:
+    """Imports triton_loops (and with it triton), which registers torch.ops.ddl_triton; False after
+    one warning where triton cannot be imported."""
+    try:
+        from . import triton_loops  # noqa: F401
+    except ImportError as error:
+        warnings.warn(f"ddl: the Triton Delta kernels cannot be loaded ({error}); the fused Delta kernels run as PyTorch ops "
+                      f"on CUDA (slower, same numbers)", stacklevel=2)
+        return False
+    return True
 
 
 def at_least_fp32(dtype: torch.dtype) -> torch.dtype:
@@ -85,7 +123,7 @@ def norm_projections(x, weight, W_c, W_x, eps: float):
     """(c, c W_c^T, x W_x^T) with c = rms_norm(x) * weight: a sublayer's RMSNorm with the gates that
     read its output and its input. On CPU one fused op (its backward adds the gates' gradients
     into the norm's instead of writing and summing separate ones); elsewhere the plain ops."""
-    if loops_for(x) is not eager:
+    if _runs_cpp(x):
         return FusedNormProjections.apply(x, weight, W_c, W_x, eps)
     return eager.norm_projections(x, weight, W_c, W_x, eps)
 

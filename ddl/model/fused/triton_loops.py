@@ -1,0 +1,337 @@
+"""The fused ops' loops as Triton kernels, for CUDA: what cpu.cpp does on CPU, as torch.ops.ddl_triton.
+
+The same ops, signatures and shapes as cpu.cpp (its header has the symbols): X (B,T,dv,d) the state,
+h = k~ (B,T,d) the raw key, beta and rho (B,T,1), v, w, q (B,T,dv), A and E (dv,d,L) taps, tap L-1
+weighing the current token (lag 0). Inputs may be fp32 or bf16 (each its own); every kernel loads
+them as fp32, accumulates in fp32 and stores its outputs in the dtype of the op's first input (the
+taps' gradients in the taps' dtype).
+
+Layout: the update needs whole rows (|k~|^2 and X_j . k~ are sums over d), so it runs one program
+per token with the token's (dv, d) tile in registers. The three depthwise ops (read, rank-1 read,
+expansion) are elementwise along d: one program per token and block of features, the lags and
+value channels as the tile's other two axes. Their backwards also sum over tokens for the taps'
+gradient: one program per chunk of TOKENS_PER_CHUNK tokens and block of features walks its tokens
+in order into a partial of its own, and the partials are summed by torch (no atomics). The chunks
+depend on the token count alone, so these gradients are the same bits on every run of a shape.
+
+Each op is a torch.library.triton_op: torch.compile traces into it (no graph break) and inductor
+sees its kernels. Importing this module imports triton; ddl.model.fused does so only on CUDA.
+Under TRITON_INTERPRET=1 (set before this import) the kernels run on CPU tensors, as the tests do.
+"""
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+TOKENS_PER_CHUNK = 64       # tokens a backward program sums the taps' gradient over, in order
+FEATURES_PER_BLOCK = 64     # features (along d) per program of the depthwise ops
+
+
+# ---- the update: one program per token n, its (dv, d) tile in registers ----
+
+@triton.jit
+def _update_inputs(X, h, beta, v, dv, d, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's token n, its channel and feature indices and masks, the offsets of its (dv, d)
+    tile, and its k~, X tile, beta and v as fp32."""
+    n = tl.program_id(0).to(tl.int64)
+    j, i = tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_D)
+    in_dv, in_d = j < dv, i < d
+    tile = (n * dv + j[:, None]) * d + i[None, :]
+    in_tile = in_dv[:, None] & in_d[None, :]
+    k = tl.load(h + n * d + i, mask=in_d, other=0.0).to(tl.float32)
+    X_n = tl.load(X + tile, mask=in_tile, other=0.0).to(tl.float32)
+    b = tl.load(beta + n).to(tl.float32)
+    v_n = tl.load(v + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
+    return n, j, i, in_dv, in_d, tile, in_tile, k, X_n, b, v_n
+
+
+@triton.jit
+def _update_forward_kernel(X, h, beta, v, X_new, w, rho, q, eps2, dv, d,
+                           BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    n, j, i, in_dv, in_d, tile, in_tile, k, X_n, b, v_n = _update_inputs(X, h, beta, v, dv, d, BLOCK_DV, BLOCK_D)
+    r = 1.0 / tl.sqrt(tl.sum(k * k) + eps2)                       # rho = 1 / sqrt(|k~|^2 + eps^2)
+    q_n = tl.sum(X_n * k[None, :], axis=1)                        # X_j . k~
+    w_n = b * r * (v_n - r * q_n)
+    tl.store(X_new + tile, (X_n + w_n[:, None] * k[None, :]).to(X_new.dtype.element_ty), mask=in_tile)
+    tl.store(w + n * dv + j, w_n.to(w.dtype.element_ty), mask=in_dv)
+    tl.store(q + n * dv + j, q_n.to(q.dtype.element_ty), mask=in_dv)
+    tl.store(rho + n, r.to(rho.dtype.element_ty))
+
+
+@triton.jit
+def _update_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, dv, d,
+                            HAS_G_W: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    n, j, i, in_dv, in_d, tile, in_tile, k, X_n, b, v_n = _update_inputs(X, h, beta, v, dv, d, BLOCK_DV, BLOCK_D)
+    G_n = tl.load(G + tile, mask=in_tile, other=0.0).to(tl.float32)
+    r = tl.load(rho + n).to(tl.float32)
+    q_n = tl.load(q + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
+    g_w_n = tl.sum(G_n * k[None, :], axis=1)                      # dL/dw_j = G_j . k~ + g_w_j
+    if HAS_G_W:
+        g_w_n += tl.load(g_w + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
+    res = v_n - r * q_n                                           # v_j - k^T X_j
+    g_res = g_w_n * b * r                                         # = dL/dv_j
+    g_q = -g_res * r
+    g_b = tl.sum(g_w_n * r * res)
+    g_r = tl.sum(g_w_n * b * res - g_res * q_n)
+    w_n = b * r * res
+    # through rho: -rho^3 k~; then sum_j w_j G_j + g_q_j X_j
+    g_k = -g_r * r * r * r * k + tl.sum(w_n[:, None] * G_n + g_q[:, None] * X_n, axis=0)
+    tl.store(g_X + tile, (G_n + g_q[:, None] * k[None, :]).to(g_X.dtype.element_ty), mask=in_tile)
+    tl.store(g_h + n * d + i, g_k.to(g_h.dtype.element_ty), mask=in_d)
+    tl.store(g_beta + n, g_b.to(g_beta.dtype.element_ty))
+    tl.store(g_v + n * dv + j, g_res.to(g_v.dtype.element_ty), mask=in_dv)
+
+
+# ---- the depthwise ops: tiles (lag, channel j, feature i) of one token and block of features ----
+
+@triton.jit
+def _axes(L, dv, d, BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The lag, channel and feature index vectors of this program's block, and their masks."""
+    lag, j = tl.arange(0, BLOCK_L), tl.arange(0, BLOCK_DV)
+    i = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    return lag, j, i, lag < L, j < dv, i < d
+
+
+@triton.jit
+def _taps(A, lag, j, i, in_L, in_dv, in_d, L, d):
+    """The taps (lag, j, i) = A[j, i, L-1-lag] as fp32; A (dv,d,L) contiguous."""
+    offsets = (j[None, :, None] * d + i[None, None, :]) * L + (L - 1 - lag[:, None, None])
+    mask = in_L[:, None, None] & in_dv[None, :, None] & in_d[None, None, :]
+    return tl.load(A + offsets, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _rows_at(x, n, shift, valid, i, in_d, d):
+    """Rows x[n + shift] (one per lag) of a (N,d) tensor where `valid`, else 0: (lags, features) fp32."""
+    offsets = (n + shift[:, None]) * d + i[None, :]
+    return tl.load(x + offsets, mask=valid[:, None] & in_d[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _chunk_start(A, N, L, dv, d, TOKENS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr,
+                 BLOCK_D: tl.constexpr):
+    """A backward program's axes (as _axes), its taps, a zero (lag, j, i) accumulator for their
+    gradient, and its chunk's tokens [first, last)."""
+    lag, j, i, in_L, in_dv, in_d = _axes(L, dv, d, BLOCK_L, BLOCK_DV, BLOCK_D)
+    taps = _taps(A, lag, j, i, in_L, in_dv, in_d, L, d)
+    first = tl.program_id(0).to(tl.int64) * TOKENS
+    acc = tl.zeros((BLOCK_L, BLOCK_DV, BLOCK_D), dtype=tl.float32)
+    return lag, j, i, in_L, in_dv, in_d, taps, acc, first, tl.minimum(first + TOKENS, N)
+
+
+@triton.jit
+def _store_tap_partial(partials, acc, lag, j, i, in_L, in_dv, in_d, L, dv, d):
+    """partials[chunk] (dv,d,L) <- this program's (lag, j, i) sum over its chunk's tokens, in tap order."""
+    offsets = tl.program_id(0) * dv * d * L + (j[None, :, None] * d + i[None, None, :]) * L + (L - 1 - lag[:, None, None])
+    tl.store(partials + offsets, acc, mask=in_L[:, None, None] & in_dv[None, :, None] & in_d[None, None, :])
+
+
+@triton.jit
+def _read_forward_kernel(X, A, x, T, L, dv, d, BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    """x[t] = sum over lag, j of A[j, :, L-1-lag] * X[t-lag, j]."""
+    n = tl.program_id(0).to(tl.int64)
+    lag, j, i, in_L, in_dv, in_d = _axes(L, dv, d, BLOCK_L, BLOCK_DV, BLOCK_D)
+    seen = in_L & (lag <= n % T)                                  # t - lag within the sequence
+    offsets = ((n - lag[:, None, None]) * dv + j[None, :, None]) * d + i[None, None, :]
+    mask = seen[:, None, None] & in_dv[None, :, None] & in_d[None, None, :]
+    X_seen = tl.load(X + offsets, mask=mask, other=0.0).to(tl.float32)
+    taps = _taps(A, lag, j, i, in_L, in_dv, in_d, L, d)
+    tl.store(x + n * d + i, tl.sum(tl.sum(X_seen * taps, axis=0), axis=0).to(x.dtype.element_ty), mask=in_d)
+
+
+@triton.jit
+def _read_backward_kernel(g, X, A, g_X, partials, N, T, L, dv, d, TOKENS: tl.constexpr,
+                          BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    """g_X[t, j] = sum over lag of A[j, :, L-1-lag] * g[t+lag]; the taps' partial sum_t X[t, j] * g[t+lag]."""
+    lag, j, i, in_L, in_dv, in_d, taps, acc, first, last = _chunk_start(A, N, L, dv, d, TOKENS, BLOCK_L, BLOCK_DV,
+                                                                      BLOCK_D)
+    in_tile = in_dv[:, None] & in_d[None, :]
+    for n in range(first, last):
+        g_ahead = _rows_at(g, n, lag, in_L & (n % T + lag < T), i, in_d, d)      # g[t + lag] (lag, i)
+        tile = (n * dv + j[:, None]) * d + i[None, :]
+        X_n = tl.load(X + tile, mask=in_tile, other=0.0).to(tl.float32)
+        tl.store(g_X + tile, tl.sum(taps * g_ahead[:, None, :], axis=0).to(g_X.dtype.element_ty), mask=in_tile)
+        acc += X_n[None, :, :] * g_ahead[:, None, :]
+    _store_tap_partial(partials, acc, lag, j, i, in_L, in_dv, in_d, L, dv, d)
+
+
+@triton.jit
+def _rank_one_forward_kernel(w, h, A, x, T, L, dv, d,
+                             BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    """x[t] = sum over lag of (sum_j w[t-lag, j] A[j, :, L-1-lag]) * k~[t-lag]."""
+    n = tl.program_id(0).to(tl.int64)
+    lag, j, i, in_L, in_dv, in_d = _axes(L, dv, d, BLOCK_L, BLOCK_DV, BLOCK_D)
+    seen = in_L & (lag <= n % T)
+    w_seen = tl.load(w + (n - lag[:, None]) * dv + j[None, :], mask=seen[:, None] & in_dv[None, :], other=0.0)
+    k_seen = _rows_at(h, n, -lag, seen, i, in_d, d)
+    taps = _taps(A, lag, j, i, in_L, in_dv, in_d, L, d)
+    wA = tl.sum(w_seen.to(tl.float32)[:, :, None] * taps, axis=1)                 # (lag, i)
+    tl.store(x + n * d + i, tl.sum(wA * k_seen, axis=0).to(x.dtype.element_ty), mask=in_d)
+
+
+@triton.jit
+def _rank_one_backward_kernel(g, w, h, A, g_w_partials, g_h, partials, N, T, L, dv, d, TOKENS: tl.constexpr,
+                              BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    """With A_lag = A[:, :, L-1-lag] and P = g[t+lag] * k~[t]: g_k~[t] = sum over lag of g[t+lag] * (w[t] A_lag),
+    this block's share of g_w[t, j] = sum over lag, i of P A_lag[j], and the taps' partial sum_t w[t, j] P."""
+    lag, j, i, in_L, in_dv, in_d, taps, acc, first, last = _chunk_start(A, N, L, dv, d, TOKENS, BLOCK_L, BLOCK_DV,
+                                                                      BLOCK_D)
+    block = tl.program_id(1).to(tl.int64)
+    for n in range(first, last):
+        g_ahead = _rows_at(g, n, lag, in_L & (n % T + lag < T), i, in_d, d)
+        k = tl.load(h + n * d + i, mask=in_d, other=0.0).to(tl.float32)
+        w_n = tl.load(w + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
+        wA = tl.sum(w_n[None, :, None] * taps, axis=1)                          # (lag, i)
+        tl.store(g_h + n * d + i, tl.sum(g_ahead * wA, axis=0).to(g_h.dtype.element_ty), mask=in_d)
+        P = g_ahead * k[None, :]
+        g_w_n = tl.sum(tl.sum(P[:, None, :] * taps, axis=2), axis=0)             # (j,)
+        tl.store(g_w_partials + (block * N + n) * dv + j, g_w_n, mask=in_dv)
+        acc += w_n[None, :, None] * P[:, None, :]
+    _store_tap_partial(partials, acc, lag, j, i, in_L, in_dv, in_d, L, dv, d)
+
+
+@triton.jit
+def _expand_forward_kernel(x, E, X, T, L, dv, d, BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    """X[t, j] = sum over lag of E[j, :, L-1-lag] * x[t-lag]."""
+    n = tl.program_id(0).to(tl.int64)
+    lag, j, i, in_L, in_dv, in_d = _axes(L, dv, d, BLOCK_L, BLOCK_DV, BLOCK_D)
+    x_seen = _rows_at(x, n, -lag, in_L & (lag <= n % T), i, in_d, d)
+    taps = _taps(E, lag, j, i, in_L, in_dv, in_d, L, d)
+    tile = (n * dv + j[:, None]) * d + i[None, :]
+    tl.store(X + tile, tl.sum(taps * x_seen[:, None, :], axis=0).to(X.dtype.element_ty),
+             mask=in_dv[:, None] & in_d[None, :])
+
+
+@triton.jit
+def _expand_backward_kernel(g, x, E, g_x, partials, N, T, L, dv, d, TOKENS: tl.constexpr,
+                            BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    """g_x[t] = sum over lag, j of E[j, :, L-1-lag] * g[t+lag, j]; the taps' partial sum_t g[t+lag, j] * x[t]."""
+    lag, j, i, in_L, in_dv, in_d, taps, acc, first, last = _chunk_start(E, N, L, dv, d, TOKENS, BLOCK_L, BLOCK_DV,
+                                                                      BLOCK_D)
+    for n in range(first, last):
+        ahead = in_L & (n % T + lag < T)
+        offsets = ((n + lag[:, None, None]) * dv + j[None, :, None]) * d + i[None, None, :]
+        mask = ahead[:, None, None] & in_dv[None, :, None] & in_d[None, None, :]
+        g_ahead = tl.load(g + offsets, mask=mask, other=0.0).to(tl.float32)     # g[t + lag, j] (lag, j, i)
+        x_n = tl.load(x + n * d + i, mask=in_d, other=0.0).to(tl.float32)
+        tl.store(g_x + n * d + i, tl.sum(tl.sum(taps * g_ahead, axis=0), axis=0).to(g_x.dtype.element_ty), mask=in_d)
+        acc += g_ahead * x_n[None, None, :]
+    _store_tap_partial(partials, acc, lag, j, i, in_L, in_dv, in_d, L, dv, d)
+
+
+# ---- the ops ----
+
+def _update_grid(dv: int, d: int) -> dict:
+    """Block sizes and warps for the update's (dv, d) tile: about 8 fp32 values of each tile a thread."""
+    block_dv, block_d = triton.next_power_of_2(dv), triton.next_power_of_2(d)
+    return dict(BLOCK_DV=block_dv, BLOCK_D=block_d, num_warps=min(16, max(1, block_dv * block_d // 256)))
+
+
+def _block_d(d: int) -> int:
+    return min(FEATURES_PER_BLOCK, triton.next_power_of_2(d))
+
+
+def _by_token(kernel, tensors: tuple, B: int, T: int, L: int, dv: int, d: int) -> None:
+    """Launches a depthwise forward: kernel(*tensors, T, L, dv, d), one program per token and block of features."""
+    blocks = dict(BLOCK_L=triton.next_power_of_2(L), BLOCK_DV=triton.next_power_of_2(dv), BLOCK_D=_block_d(d))
+    wrap_triton(kernel)[(B * T, triton.cdiv(d, _block_d(d)))](*tensors, T, L, dv, d, **blocks)
+
+
+def _by_chunk(kernel, tensors: tuple, taps: torch.Tensor, B: int, T: int, dv: int, d: int) -> torch.Tensor:
+    """Launches a depthwise backward: kernel(*tensors, partials, N, T, L, dv, d), one program per chunk of
+    tokens and block of features; returns the taps' gradient, the chunks' partials summed in order."""
+    L = taps.size(-1)
+    chunks = triton.cdiv(B * T, TOKENS_PER_CHUNK)
+    partials = taps.new_empty((chunks, *taps.shape), dtype=torch.float32)
+    blocks = dict(BLOCK_L=triton.next_power_of_2(L), BLOCK_DV=triton.next_power_of_2(dv), BLOCK_D=_block_d(d))
+    wrap_triton(kernel)[(chunks, triton.cdiv(d, _block_d(d)))](*tensors, partials, B * T, T, L, dv, d,
+                                                                 TOKENS=TOKENS_PER_CHUNK, **blocks)
+    return partials.sum(0).to(taps.dtype)
+
+
+@triton_op("ddl_triton::update_forward", mutates_args=())
+def update_forward(X: torch.Tensor, h: torch.Tensor, beta: torch.Tensor, v: torch.Tensor,
+                   eps2: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """X + w k~^T, w, rho, q = X k~ (see eager.update_forward)."""
+    X, h, beta, v = (t.contiguous() for t in (X, h, beta, v))
+    B, T, dv, d = X.shape
+    X_new = torch.empty_like(X)
+    w, q, rho = (X.new_empty(B, T, n) for n in (dv, dv, 1))
+    wrap_triton(_update_forward_kernel)[(B * T,)](X, h, beta, v, X_new, w, rho, q, eps2, dv, d, **_update_grid(dv, d))
+    return X_new, w, rho, q
+
+
+@triton_op("ddl_triton::update_backward", mutates_args=())
+def update_backward(G: torch.Tensor, g_w: Optional[torch.Tensor], X: torch.Tensor, h: torch.Tensor, beta: torch.Tensor,
+                    v: torch.Tensor, rho: torch.Tensor,
+                    q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of update_forward's (X_new, w) for X, h, beta, v; g_w = dL/dw or None."""
+    G, X, h, beta, v, rho, q = (t.contiguous() for t in (G, X, h, beta, v, rho, q))
+    has_g_w = g_w is not None
+    g_w = g_w.contiguous() if has_g_w else G                      # not read when absent
+    B, T, dv, d = X.shape
+    g_X = torch.empty_like(G)
+    g_h, g_beta, g_v = (G.new_empty(B, T, n) for n in (d, 1, dv))
+    wrap_triton(_update_backward_kernel)[(B * T,)](G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, dv, d,
+                                                   HAS_G_W=has_g_w, **_update_grid(dv, d))
+    return g_X, g_h, g_beta, g_v
+
+
+@triton_op("ddl_triton::read_forward", mutates_args=())
+def read_forward(X: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+    X, A = X.contiguous(), A.contiguous()
+    B, T, dv, d = X.shape
+    x = X.new_empty(B, T, d)
+    _by_token(_read_forward_kernel, (X, A, x), B, T, A.size(-1), dv, d)
+    return x
+
+
+@triton_op("ddl_triton::read_backward", mutates_args=())
+def read_backward(g: torch.Tensor, X: torch.Tensor, A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    g, X, A = g.contiguous(), X.contiguous(), A.contiguous()
+    B, T, dv, d = X.shape
+    g_X = g.new_empty(X.shape)
+    g_A = _by_chunk(_read_backward_kernel, (g, X, A, g_X), A, B, T, dv, d)
+    return g_X, g_A
+
+
+@triton_op("ddl_triton::rank_one_forward", mutates_args=())
+def rank_one_forward(w: torch.Tensor, h: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+    w, h, A = w.contiguous(), h.contiguous(), A.contiguous()
+    B, T, d = h.shape
+    x = w.new_empty(h.shape)
+    _by_token(_rank_one_forward_kernel, (w, h, A, x), B, T, A.size(-1), w.size(-1), d)
+    return x
+
+
+@triton_op("ddl_triton::rank_one_backward", mutates_args=())
+def rank_one_backward(g: torch.Tensor, w: torch.Tensor, h: torch.Tensor,
+                      A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g, w, h, A = g.contiguous(), w.contiguous(), h.contiguous(), A.contiguous()
+    B, T, d = h.shape
+    dv = w.size(-1)
+    g_h = g.new_empty(h.shape)
+    g_w_partials = w.new_empty((triton.cdiv(d, _block_d(d)), B, T, dv), dtype=torch.float32)  # one per feature block
+    g_A = _by_chunk(_rank_one_backward_kernel, (g, w, h, A, g_w_partials, g_h), A, B, T, dv, d)
+    return g_w_partials.sum(0).to(g.dtype), g_h, g_A
+
+
+@triton_op("ddl_triton::expand_forward", mutates_args=())
+def expand_forward(x: torch.Tensor, E: torch.Tensor) -> torch.Tensor:
+    x, E = x.contiguous(), E.contiguous()
+    B, T, d = x.shape
+    X = x.new_empty(B, T, E.size(0), d)
+    _by_token(_expand_forward_kernel, (x, E, X), B, T, E.size(-1), E.size(0), d)
+    return X
+
+
+@triton_op("ddl_triton::expand_backward", mutates_args=())
+def expand_backward(g: torch.Tensor, x: torch.Tensor, E: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    g, x, E = g.contiguous(), x.contiguous(), E.contiguous()
+    B, T, d = x.shape
+    g_x = g.new_empty(x.shape)
+    g_E = _by_chunk(_expand_backward_kernel, (g, x, E, g_x), E, B, T, E.size(0), d)
+    return g_x, g_E
