@@ -47,15 +47,16 @@ def logged(name: str, cmd: list[str], out: Path, **env: str) -> tuple[int, float
     """Runs cmd with its output in out/<name>.log: (exit code, seconds)."""
     start = time.perf_counter()
     with open(out / f"{name}.log", "w") as log:
-        code = subprocess.run(cmd, cwd=CHECKOUT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}).returncode
+        code = subprocess.run(cmd, cwd=CHECKOUT, stdout=log, stderr=subprocess.STDOUT,
+                              env={**os.environ, **env}).returncode
     return code, time.perf_counter() - start
 
 
 def device_tests(out: Path) -> dict:
     if not (CHECKOUT / "tests").is_dir():
         return {"skipped": "no tests/ beside the package: run from a checkout"}
-    code, seconds = logged("tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *DEVICE_TESTS], out,
-                           DDL_TEST_DEVICE="cuda")
+    code, seconds = logged("tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *DEVICE_TESTS],
+                           out, DDL_TEST_DEVICE="cuda")
     lines = (out / "tests.log").read_text().strip().splitlines()
     return {"exit_code": code, "seconds": seconds, "summary": lines[-1] if lines else ""}
 
@@ -89,7 +90,8 @@ def targets(result: dict) -> dict:
                                           "met": ratio <= STEP_RATIO_TARGET}}
     for arm in ("baseline", "ddl_dv4"):
         mfu = rows[arm]["mfu"]
-        judged[f"{arm} MFU"] = {"value": mfu, "target": f">= {MFU_TARGET:.0%}", "met": mfu is not None and mfu >= MFU_TARGET}
+        judged[f"{arm} MFU"] = {"value": mfu, "target": f">= {MFU_TARGET:.0%}",
+                                "met": mfu is not None and mfu >= MFU_TARGET}
     return judged
 
 

@@ -104,7 +104,8 @@ def test_bpe_is_trained_on_train_and_round_trips(tmp_path):
     tok = ds.tokenizer()
     text = "The with statement is used to wrap the execution of a block."
     assert tok.decode(tok.encode(text)) == text and len(tok.encode(text)) < len(text)
-    assert (ds.path / "tokenizer.json").is_file() and DataConfig(tokenizer="bpe", bpe_vocab=512).model_vocab_size() == 512
+    assert (ds.path / "tokenizer.json").is_file()
+    assert DataConfig(tokenizer="bpe", bpe_vocab=512).model_vocab_size() == 512
 
 
 def test_gpt2_without_its_bpe_file_is_one_clear_error(tmp_path, monkeypatch):
@@ -161,8 +162,9 @@ def test_two_processes_preparing_at_once_make_one_dataset(tmp_path):
     open_dataset(dataset).verify()
 
 
-@pytest.mark.parametrize("kwargs, key", [(dict(source="web"), "data.source"), (dict(tokenizer="words"), "data.tokenizer"),
-                                         (dict(source="files"), "data.files"), (dict(val_fraction=0.0), "data.val_fraction")])
+@pytest.mark.parametrize("kwargs, key", [
+    (dict(source="web"), "data.source"), (dict(tokenizer="words"), "data.tokenizer"),
+    (dict(source="files"), "data.files"), (dict(val_fraction=0.0), "data.val_fraction")])
 def test_invalid_data_configs(kwargs, key):
     with pytest.raises(ValueError, match=rf"^{key}="):
         DataConfig(**kwargs)

@@ -63,7 +63,8 @@ def test_reading_a_rank_one_write_equals_reading_the_new_state(name, T):
     torch.nn.init.normal_(compress.read)
     g = torch.Generator().manual_seed(6)
     X = torch.randn(2, T, 4, 64, dtype=torch.float64, generator=g)
-    w, k_raw = torch.randn(2, T, 4, dtype=torch.float64, generator=g), torch.randn(2, T, 64, dtype=torch.float64, generator=g)
+    w = torch.randn(2, T, 4, dtype=torch.float64, generator=g)
+    k_raw = torch.randn(2, T, 64, dtype=torch.float64, generator=g)
     new = X + w.unsqueeze(-1) * k_raw.unsqueeze(-2)
     assert torch.allclose(compress(new), compress(X) + compress.read_write(w, k_raw), atol=1e-12)
 

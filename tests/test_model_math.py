@@ -148,7 +148,8 @@ def test_fused_state_read_matches_the_plain_one_in_value_and_gradient(taps, T, l
 @pytest.mark.parametrize("taps, T", [(4, 6), (4, 2), (1, 5)])
 def test_reading_a_rank_one_write_from_its_factors(taps, T, loops):
     g = torch.Generator().manual_seed(7)
-    w, k_raw, A = torch.randn(2, T, DV, generator=g), torch.randn(2, T, D, generator=g), torch.randn(DV, D, taps, generator=g)
+    w, k_raw = torch.randn(2, T, DV, generator=g), torch.randn(2, T, D, generator=g)
+    A = torch.randn(DV, D, taps, generator=g)
     written = w.unsqueeze(-1) * k_raw.unsqueeze(-2)                             # the write, materialised
     assert torch.allclose(rank_one_read(w, k_raw, A), state_read(written, A), atol=1e-12)
     assert_fused_matches_plain(rank_one_read, FusedRankOneRead.apply, [w, k_raw, A], g)

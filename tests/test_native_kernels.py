@@ -39,7 +39,8 @@ def op_calls(ops, B: int, T: int) -> dict:
     _, _, rho, q = ops.update_forward(X, k_raw, beta, v, K_EPS ** 2)
     calls = {"update_forward": (X, k_raw, beta, v, K_EPS ** 2), "update_backward": (G, w, X, k_raw, beta, v, rho, q),
              "read_forward": (X, taps), "read_backward": (g_x, X, taps), "rank_one_forward": (w, k_raw, taps),
-             "rank_one_backward": (g_x, w, k_raw, taps), "expand_forward": (k_raw, taps), "expand_backward": (G, k_raw, taps),
+             "rank_one_backward": (g_x, w, k_raw, taps), "expand_forward": (k_raw, taps),
+             "expand_backward": (G, k_raw, taps),
              "norm_forward": (k_raw, k_raw[0, 0], X[0, 0, :1], X[0, 1], 1e-6)}
     c, l_c, l_x, rho_norm = ops.norm_forward(*calls["norm_forward"])
     calls["norm_backward"] = (torch.randn_like(c, generator=g), torch.randn_like(l_c, generator=g),

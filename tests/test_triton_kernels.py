@@ -46,7 +46,8 @@ def generator(seed: int) -> torch.Generator:
 def tensors(seed: int, dtype: torch.dtype, *shapes, positive=()) -> list[torch.Tensor]:
     """Random tensors of these shapes on DEVICE in dtype; those indexed in `positive` uniform in [0, 2)."""
     g = generator(seed)
-    out = [2 * torch.rand(s, generator=g) if n in positive else torch.randn(s, generator=g) for n, s in enumerate(shapes)]
+    out = [2 * torch.rand(s, generator=g) if n in positive else torch.randn(s, generator=g)
+           for n, s in enumerate(shapes)]
     return [t.to(DEVICE, dtype) for t in out]
 
 
@@ -101,7 +102,8 @@ def check_depthwise_op(forward, backward, plain, inputs, seed):
 @pytest.mark.parametrize("taps", [4, 1])                      # the time-conv compressor; the channel conv
 def test_state_read_matches_the_plain_form(taps, dv, dtype):
     X, A = tensors(3, dtype, (B, T, dv, D), (D, dv, taps))
-    check_depthwise_op(ops.read_forward, ops.read_backward, state_read, [X, A.transpose(0, 1)], 4)  # a view, as the model's
+    # A as a transposed view, as the model passes it
+    check_depthwise_op(ops.read_forward, ops.read_backward, state_read, [X, A.transpose(0, 1)], 4)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -175,4 +177,5 @@ def test_the_model_with_the_triton_loops_gives_the_numbers_of_the_others(variant
     others = loss_and_grads(**variant)
     torch.testing.assert_close(with_triton[0], others[0], rtol=1e-5, atol=1e-5)
     for name, grad in others[1].items():
-        torch.testing.assert_close(with_triton[1][name], grad, rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(with_triton[1][name], grad, rtol=1e-4, atol=1e-6,
+                                   msg=lambda m, name=name: f"{name}: {m}")

@@ -50,7 +50,8 @@ def test_the_rest_api_serves_the_sweeps_runs_params_and_metrics(server):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (scripts/system-deps needs root + apt)")
+@pytest.mark.skipif(shutil.which("chromium") is None,
+                    reason="chromium is not installed (scripts/system-deps needs root + apt)")
 def test_chromium_renders_the_run_names(server, tmp_path):
     base, _ = server
     url = f"{base}/#/experiments/{experiment_id(base)}/runs"

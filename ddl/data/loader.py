@@ -44,7 +44,8 @@ class BatchLoader:
         self._rng.bit_generator.state = state["rng"]
 
 
-def val_batches(split: Split, batch_size: int, seq_len: int, max_tokens: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def val_batches(split: Split, batch_size: int, seq_len: int,
+                max_tokens: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The fixed held-out budget: contiguous, non-overlapping windows from the start of val."""
     tokens = split.concatenated()
     n_windows = min(max_tokens // seq_len, (len(tokens) - 1) // seq_len)

@@ -18,7 +18,8 @@ from pathlib import Path
 from .. import paths
 
 # What the checkpoint's tokens are: the authors' data and tokenizer, or the embedded corpus' bytes.
-DATA = {"fineweb_edu": dict(source="fineweb_edu", tokenizer="gpt2"), "embedded": dict(source="embedded", tokenizer="byte")}
+DATA = {"fineweb_edu": dict(source="fineweb_edu", tokenizer="gpt2"),
+        "embedded": dict(source="embedded", tokenizer="byte")}
 
 
 def _read_state_dict(path: Path) -> dict:

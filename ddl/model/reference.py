@@ -20,7 +20,8 @@ from .config import ModelConfig
 
 VARIANTS = {"baseline": dict(residual="baseline"), "ddl_dv1": dict(residual="ddl", dv=1),
             "ddl_dv4": dict(residual="ddl", dv=4), "ddl_dv4_ec": dict(residual="ddl", dv=4, conv="ec"),
-            "ddl_dv4_cc": dict(residual="ddl", dv=4, conv="cc"), "ddl_dv4_cc_ec": dict(residual="ddl", dv=4, conv="cc_ec")}
+            "ddl_dv4_cc": dict(residual="ddl", dv=4, conv="cc"),
+            "ddl_dv4_cc_ec": dict(residual="ddl", dv=4, conv="cc_ec")}
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")           # DDP and torch.compile wrap the state dict's names
 TIED = "lm_head.weight"                                # the reference's tied LM head: the embedding again
 
@@ -28,8 +29,9 @@ _BLOCK_NAMES = {"attn.proj.weight": "attn.c_proj.weight", "attn.q_norm.weight": 
                 "attn.k_norm.weight": "attn.k_rms.weight", "mlp.w_gate.weight": "mlp.c_fc1.weight",
                 "mlp.w_up.weight": "mlp.c_fc2.weight", "mlp.w_down.weight": "mlp.c_proj.weight",
                 "norm_attn.weight": "ln_1.weight", "norm_mlp.weight": "ln_2.weight"}
-_DELTA_NAMES = {"beta_gate.weight": "beta.weight", "beta_gate.bias": "beta.bias", "beta_gate.0.weight": "beta_in.weight",
-                "beta_gate.2.weight": "beta_out.weight", "beta_gate.2.bias": "beta_out.bias",
+_DELTA_NAMES = {"beta_gate.weight": "beta.weight", "beta_gate.bias": "beta.bias",
+                "beta_gate.0.weight": "beta_in.weight", "beta_gate.2.weight": "beta_out.weight",
+                "beta_gate.2.bias": "beta_out.bias",
                 "W_v.weight": "v_proj.weight", "W_v.bias": "v_proj.bias"}
 
 

@@ -59,8 +59,8 @@ def _triton_registered() -> bool:
     try:
         from . import triton_loops  # noqa: F401
     except ImportError as error:
-        warnings.warn(f"ddl: the Triton Delta kernels cannot be loaded ({error}); the fused Delta kernels run as PyTorch ops "
-                      f"on CUDA (slower, same numbers)", stacklevel=2)
+        warnings.warn(f"ddl: the Triton Delta kernels cannot be loaded ({error}); the fused Delta kernels run as "
+                      f"PyTorch ops on CUDA (slower, same numbers)", stacklevel=2)
         return False
     return True
 
@@ -116,7 +116,8 @@ def _keeping_inputs(name: str, op: str, doc: str) -> type[torch.autograd.Functio
 FusedStateRead = _keeping_inputs("FusedStateRead", "read", "state_read: X (B,T,dv,d), A (dv,d,L) -> (B,T,d).")
 FusedRankOneRead = _keeping_inputs("FusedRankOneRead", "rank_one",
                                    "rank_one_read: w (B,T,dv), k~ (B,T,d), A (dv,d,L) -> (B,T,d).")
-FusedExpand = _keeping_inputs("FusedExpand", "expand", "expand_state: x (B,T,d), E (dv,d,L) -> the EC state (B,T,dv,d).")
+FusedExpand = _keeping_inputs("FusedExpand", "expand",
+                              "expand_state: x (B,T,d), E (dv,d,L) -> the EC state (B,T,dv,d).")
 
 
 def norm_projections(x, weight, W_c, W_x, eps: float):
@@ -145,7 +146,8 @@ class FusedNormProjections(torch.autograd.Function):
     def backward(ctx, g_c, g_lc, g_lx):
         x, weight, W_c, W_x, rho = ctx.saved_tensors
         shapes = (x.shape, x.shape[:-1] + W_c.shape[:1], x.shape[:-1] + W_x.shape[:1])
-        grads = [x.new_zeros(shape) if g is None else g.to(x.dtype) for g, shape in zip((g_c, g_lc, g_lx), shapes, strict=True)]
+        grads = [x.new_zeros(shape) if g is None else g.to(x.dtype)
+                 for g, shape in zip((g_c, g_lc, g_lx), shapes, strict=True)]
         with torch.autocast(x.device.type, enabled=False):
             g_x, g_weight, g_Wc, g_Wx = torch.ops.ddl_delta.norm_backward(*grads, x, weight, W_c, W_x, rho)
         return *(g.to(dtype) for g, dtype in zip((g_x, g_weight, g_Wc, g_Wx), ctx.dtypes, strict=True)), None

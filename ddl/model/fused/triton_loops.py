@@ -125,7 +125,8 @@ def _chunk_start(A, N, L, dv, d, TOKENS: tl.constexpr, BLOCK_L: tl.constexpr, BL
 @triton.jit
 def _store_tap_partial(partials, acc, lag, j, i, in_L, in_dv, in_d, L, dv, d):
     """partials[chunk] (dv,d,L) <- this program's (lag, j, i) sum over its chunk's tokens, in tap order."""
-    offsets = tl.program_id(0) * dv * d * L + (j[None, :, None] * d + i[None, None, :]) * L + (L - 1 - lag[:, None, None])
+    tap = L - 1 - lag[:, None, None]
+    offsets = tl.program_id(0) * dv * d * L + (j[None, :, None] * d + i[None, None, :]) * L + tap
     tl.store(partials + offsets, acc, mask=in_L[:, None, None] & in_dv[None, :, None] & in_d[None, None, :])
 
 
