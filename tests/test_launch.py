@@ -10,7 +10,8 @@ SMOKE = ["model=micro", "train=smoke"]
 @pytest.mark.slow
 def test_the_users_sweep_runs_three_distinct_jobs_then_skips_them(ddl_home, tmp_path):
     args = ["-m", "residual=ddl,baseline", "dv=1,4", *SMOKE]
-    first = run_cli("ddl-run", *args, cwd=tmp_path)                  # not the checkout: configs still found
+    first = run_cli("ddl-run", *args, cwd=tmp_path,                  # not the checkout: configs still found
+                    env_extra={"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"})
     assert first.returncode == 0, first.stderr[-3000:]
     assert "4 override sets -> 3 distinct jobs" in first.stdout
     runs = mlflow_runs("default")
@@ -28,6 +29,15 @@ def test_the_users_sweep_runs_three_distinct_jobs_then_skips_them(ddl_home, tmp_
         assert {a.path for a in c.list_artifacts(run.info.run_id)} == {"config.yaml", "final_metrics.json", "train.log"}
         if run.data.params["model.residual"] == "ddl":
             assert "beta/frac_gt1" in run.data.metrics and "beta/L01.mlp/mean" in run.data.metrics
+        else:                                                            # what does not shape a baseline
+            assert "model.dv" not in run.data.params and "model.beta_init" not in run.data.params
+        assert int(run.data.params["model.params"]) > int(run.data.params["model.ddl_extra_params"]) >= 0
+        assert run.data.tags["mlflow.source.git.commit"] == run.data.tags["ddl.git_commit"]
+        assert run.data.tags["mlflow.source.name"] == "ddl-run"
+        [data] = run.inputs.dataset_inputs
+        assert data.dataset.name.startswith("embedded-byte-") and "train_tokens" in data.dataset.profile
+        assert any(key.startswith("system/cpu") for key in run.data.metrics)    # MLflow's system metrics
+        assert run.data.tags["ddl.checkpoint"].endswith(".pt")
     again = run_cli("ddl-run", *args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("skipped") >= 3 and "0 finished, 3 skipped, 0 failed" in again.stdout

@@ -49,7 +49,8 @@ def _tags(job: Job, launcher: str) -> dict:
     import torch
     commit, dirty = _git()
     tokenizer = job.run.data.tokenizer
-    return {"ddl.sweep": job.experiment, "ddl.git_commit": commit, "ddl.git_dirty": dirty, "ddl.launcher": launcher,
+    return {"mlflow.source.git.commit": commit, "mlflow.source.name": "ddl-run", "mlflow.source.type": "JOB",
+            "ddl.sweep": job.experiment, "ddl.git_commit": commit, "ddl.git_dirty": dirty, "ddl.launcher": launcher,
             "ddl.slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "ddl.host": socket.gethostname(),
             "ddl.torch": torch.__version__, "ddl.cuda": str(torch.version.cuda), "ddl.python": platform.python_version(),
             "ddl.tokenizer": tokenizer, "ddl.loss_unit": f"nats/token ({tokenizer})", "ddl.row": job.name.split("-")[0]}
@@ -143,6 +144,9 @@ def _record(job: Job, run_dir, run_id: str, result, outcome: Outcome, log_path) 
     from ..track import store
     if result.resumed_from:     # trained (partly) under another experiment's run
         store.inherit_history(run_id, job.signature, result.resumed_from)
+    _log_dataset(run_id, result.extra["dataset"])
+    if result.checkpoint:
+        store.client().set_tag(run_id, "ddl.checkpoint", result.checkpoint)
     if job.evaluation.evaluations():
         outcome.add_evaluation(job, result)
     if outcome.eval_error:
@@ -152,6 +156,20 @@ def _record(job: Job, run_dir, run_id: str, result, outcome: Outcome, log_path) 
     status.mark_done(run_dir, job.experiment, {"run_id": run_id, "final": outcome.final,
                                                "evaluations": outcome.evaluated})
     status.write(run_dir, state="finished", **{"val_loss": outcome.final.get("val/loss")})
+
+
+def _log_dataset(run_id: str, dataset_dir: str) -> None:
+    """The token dataset as the run's MLflow input: its name, a digest of its shards, its token counts."""
+    import hashlib
+
+    from ..data import open_dataset
+    from ..track import store
+    manifest = open_dataset(dataset_dir).manifest
+    splits = manifest["splits"]
+    digest = hashlib.sha256(" ".join(shard["sha256"] for split in splits.values() for shard in split["shards"])
+                            .encode()).hexdigest()[:16]
+    store.log_dataset(run_id, manifest["name"], digest, dataset_dir,
+                      {f"{split}_tokens": entry["tokens"] for split, entry in splits.items()})
 
 
 def _close_interrupted(run_dir, run_id: str, err: BaseException, log_path) -> None:

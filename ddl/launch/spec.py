@@ -12,7 +12,8 @@ from ..data import DataConfig
 from ..data.config import VAL_FRACTION as HELD_OUT
 from ..eval.config import EvalConfig
 from ..eval.suites import OFFLINE_TASK
-from ..model import SIZES, ModelConfig, model_config
+from ..model import SIZES, ModelConfig, ddl_extra_params, model_config, param_count
+from ..model.config import DDL_KNOBS
 from ..train import RunConfig, TrainConfig
 from .configs import ConfigError
 
@@ -144,5 +145,11 @@ class Job:
         return f"{row_name(self.run.model)}-{size_name(self.run.model)}-s{self.run.seed}"
 
     def params(self) -> dict:
-        return {**flatten(self.run.effective_dict()), "model.size": size_name(self.run.model),
-                "model.row": row_name(self.run.model)}
+        """MLflow's params: what shapes the run (a baseline logs no Delta knob), its size, row and
+        parameter counts (total and what the Delta residual adds)."""
+        model = self.run.model
+        params = flatten(self.run.effective_dict())
+        if model.residual == "baseline":
+            params = {k: v for k, v in params.items() if k.removeprefix("model.") not in DDL_KNOBS}
+        return {**params, "model.size": size_name(model), "model.row": row_name(model),
+                "model.params": param_count(model), "model.ddl_extra_params": ddl_extra_params(model)}

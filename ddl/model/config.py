@@ -47,6 +47,9 @@ KERNELS = ("fused", "compiled")
 INITS = ("reference", "gpt2")
 CC_PADDINGS = ("centered", "causal")
 QK_NORMS = ("after_rope", "before_rope")
+# The knobs of the Delta residual: none of them shapes a baseline.
+DDL_KNOBS = ("dv", "conv", "mapping", "beta_init", "beta_estimator", "beta_hidden", "k_eps", "kernels",
+             "v_sigmoid_scale", "state_conv_kernel", "embed_conv_kernel", "read_init", "cc_padding")
 # What a config saved before these fields existed was built with (a checkpoint written before
 # reference parity): loading it with these values computes the function it was trained as.
 PRE_PARITY = dict(init="gpt2", norm_eps=1e-6, qk_norm="before_rope", cc_padding="causal")
@@ -162,10 +165,8 @@ class ModelConfig:
         launcher's run signature (a hash of this) dedups e.g. baseline dv=1 and baseline dv=4.
         """
         defaults = ModelConfig()
-        ddl_knobs = ("dv", "conv", "mapping", "beta_init", "beta_estimator", "beta_hidden", "k_eps", "kernels",
-                     "v_sigmoid_scale", "state_conv_kernel", "embed_conv_kernel", "read_init", "cc_padding")
         if self.residual == "baseline":
-            return dataclasses.replace(self, **{k: getattr(defaults, k) for k in ddl_knobs})
+            return dataclasses.replace(self, **{k: getattr(defaults, k) for k in DDL_KNOBS})
         changes: dict = {"beta_init": float(self.beta_init)}
         if self.beta_estimator == "linear":
             changes["beta_hidden"] = defaults.beta_hidden

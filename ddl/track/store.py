@@ -107,6 +107,31 @@ def inherit_history(run_id: str, signature: str, up_to_step: int) -> str | None:
     return source.info.run_id
 
 
+def log_dataset(run_id: str, name: str, digest: str, path: str, profile: dict) -> None:
+    """The run's training data as an MLflow dataset input (the runs table's Dataset column)."""
+    import json
+
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+    dataset = Dataset(name=name, digest=digest, source_type="local", source=json.dumps({"uri": path}),
+                      profile=json.dumps(profile))
+    client().log_inputs(run_id, datasets=[DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training")])])
+
+
+def system_metrics_monitor(run_id: str):
+    """MLflow's own system metrics (CPU, memory, disk, network; GPU where its library finds one) for the
+    run while it trains: a started monitor to finish(), or None where psutil is missing."""
+    try:
+        import psutil  # noqa: F401 - MLflow's monitors need it
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    except ImportError:
+        return None
+    import logging
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)     # no start/stop lines per job
+    monitor = SystemMetricsMonitor(run_id, resume_logging=True, tracking_uri=paths.tracking_uri())
+    monitor.start()
+    return monitor
+
+
 class MLflowLogger:
     """The trainer's MetricLogger: metrics buffered and written in batches (log_batch) by MLflow's
     async logging thread, so the training loop hands a batch over at most once every `flush_s`
@@ -119,6 +144,7 @@ class MLflowLogger:
         self._writing: list = []                      # RunOperations of the batches in flight
         self._last_flush = time.monotonic()
         self._client = client()
+        self._system = system_metrics_monitor(run_id)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
@@ -142,6 +168,9 @@ class MLflowLogger:
     def close(self) -> None:
         self.flush()
         self.wait()
+        if self._system is not None:
+            self._system.finish()
+            self._system = None
 
 
 def close_run(run_id: str, status: str, *, metrics: dict[str, float] | None = None,
