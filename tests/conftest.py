@@ -158,30 +158,50 @@ class SlurmDecoys:
         return problems
 
 
-DECOY_CONF = b"# a decoy system slurm.conf (tests/conftest.py); the private cluster must neither read nor write it\n" \
-             b"ClusterName=system-decoy\nSlurmctldHost=decoy-host(192.0.2.1)\n"
+DECOY_HEADER = b"# a decoy system slurm.conf (tests/conftest.py); the private cluster must neither read nor write it\n"
+
+
+def _decoy_conf() -> bytes:
+    return DECOY_HEADER + f"# written by pytest PID {os.getpid()}\n".encode() + \
+        b"ClusterName=system-decoy\nSlurmctldHost=decoy-host(192.0.2.1)\n"
+
+
+def _leftover_decoy(conf: Path) -> bool:
+    """A decoy a killed session left behind (its PID is gone); a running session's is only watched."""
+    text = conf.read_bytes()
+    if not text.startswith(DECOY_HEADER):
+        return False
+    pid = text.split(b"PID ", 1)[1].split(b"\n", 1)[0] if b"PID " in text else b""
+    return not (pid.isdigit() and _running(int(pid)))
+
+
+def _die_with_parent():      # the decoy process ends with pytest, even if pytest is killed
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)    # PR_SET_PDEATHSIG
 
 
 @pytest.fixture(scope="session")
 def system_slurm_decoys(tmp_path_factory):
     """A decoy system SLURM for the session, set up before the private cluster and checked after it
     is torn down: /etc/slurm/slurm.conf (a decoy written only where none exists, then removed; an
-    existing file is only watched) and a running copy of sleep named slurmd."""
+    existing file is only watched, unless it is a decoy a killed session left) and a running copy
+    of sleep named slurmd."""
     conf = Path("/etc/slurm/slurm.conf")
     created_dir = not conf.parent.exists()
-    created = False
+    decoy = _decoy_conf()
     try:
+        if conf.exists() and _leftover_decoy(conf):
+            conf.unlink()
         if not conf.exists():
             conf.parent.mkdir(parents=True, exist_ok=True)
             with open(conf, "xb") as f:
-                f.write(DECOY_CONF)
-            created = True
+                f.write(decoy)
             os.utime(conf, ns=(1_000_000_000 * 10**9, 1_000_000_000 * 10**9))   # an old mtime: any write shows
     except PermissionError:
         pytest.skip(f"cannot write a decoy {conf} (not root)")
     slurmd = tmp_path_factory.mktemp("decoy") / "slurmd"
     shutil.copy2(shutil.which("sleep"), slurmd)
-    process = subprocess.Popen([str(slurmd), "3600"])
+    process = subprocess.Popen([str(slurmd), "3600"], preexec_fn=_die_with_parent)
     decoys = SlurmDecoys(conf, conf.read_bytes(), conf.stat().st_mtime_ns, process)
     try:
         yield decoys
@@ -190,7 +210,7 @@ def system_slurm_decoys(tmp_path_factory):
     finally:
         process.kill()
         process.wait()
-        if created and conf.exists() and conf.read_bytes() == DECOY_CONF:   # never remove someone else's file
+        if conf.exists() and conf.read_bytes() == decoy:         # ours: never remove someone else's file
             conf.unlink()
             if created_dir:
                 with contextlib.suppress(OSError):
