@@ -1,12 +1,23 @@
+import atexit
+import contextlib
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
 VENV_BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parent.parent
+SLURM_LOCAL = ROOT / "scripts" / "slurm-local"
+SLURM_DAEMONS = ("munged", "slurmctld", "slurmd", "watchdog")   # the PID files `slurm-local up` writes
+# Variables a surrounding SLURM (a job or allocation on a real cluster) sets for its clients.
+SLURM_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SINFO_", "SCONTROL_", "SACCT_")
 # Where the device-aware tests (the Triton kernels, bf16, compile) run: DDL_TEST_DEVICE, else CUDA if present.
 TEST_DEVICE = torch.device(os.environ.get("DDL_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu"))
 
@@ -64,3 +75,170 @@ def mlflow_runs(experiment: str):
     c = store.client()
     exp = c.get_experiment_by_name(experiment)
     return [] if exp is None else c.search_runs([exp.experiment_id])
+
+
+@dataclass
+class SlurmCluster:
+    """A private cluster from `scripts/slurm-local up`: everything under `dir`, clients read `conf`."""
+    dir: Path
+    conf: Path
+    pids: dict          # name -> PID of what `up` started (daemons and their children, the watchdog)
+
+    def env(self) -> dict:
+        return {"DDL_SLURM_DIR": str(self.dir), "SLURM_CONF": str(self.conf)}
+
+    def alive(self) -> list:
+        return [f"{name}:{pid}" for name, pid in self.pids.items() if _running(pid)]
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"   # zombies have ended
+    except (OSError, IndexError):
+        return False
+
+
+def _children(pid: int) -> list:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def slurm_up(directory: Path) -> SlurmCluster:
+    """`scripts/slurm-local up` in `directory`, ended by a watchdog if this process dies first;
+    skips where SLURM cannot run here (exit 3: not root, no apt-get)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(SLURM_ENV_PREFIXES)}
+    up = subprocess.run([str(SLURM_LOCAL), "up", "--until-exit", str(os.getpid())], capture_output=True,
+                        text=True, timeout=600, env={**env, "DDL_SLURM_DIR": str(directory)})
+    if up.returncode == 3:
+        pytest.skip(f"no SLURM here: {up.stdout.strip()}")
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert f"export SLURM_CONF={directory}/slurm.conf" in up.stdout, up.stdout
+    pids = {}
+    for name in SLURM_DAEMONS:
+        pids[name] = int((directory / f"{name}.pid").read_text())
+        for child in _children(pids[name]) if name != "watchdog" else ():   # slurmctld's slurmscriptd
+            pids[f"{name}/{child}"] = child
+    return SlurmCluster(directory, directory / "slurm.conf", pids)
+
+
+def slurm_down(cluster: SlurmCluster) -> subprocess.CompletedProcess:
+    """`scripts/slurm-local down` for this cluster; then none of the processes `up` started may run."""
+    down = subprocess.run([str(SLURM_LOCAL), "down"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **cluster.env()})
+    deadline = time.time() + 10
+    while cluster.alive() and time.time() < deadline:
+        time.sleep(0.1)
+    assert down.returncode == 0 and not cluster.alive(), f"slurm-local down left {cluster.alive()}: {down.stdout}"
+    return down
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """The suite's private SLURM cluster (scripts/slurm-local in a pytest tmp dir), up once per
+    session; SLURM_CONF points every client (sbatch, squeue, ddl-run, submitit) at it and a
+    surrounding SLURM's variables are cleared. Torn down by the PIDs it started, also on Ctrl-C or
+    SIGTERM (turned into KeyboardInterrupt, on which pytest runs this finaliser), at interpreter
+    exit (atexit) and, if pytest is killed outright, by the watchdog `up --until-exit` leaves."""
+    if shutil.which("bash") is None:
+        pytest.skip("no bash for scripts/slurm-local")
+    cluster = slurm_up(tmp_path_factory.mktemp("slurm"))
+    done = []
+
+    def teardown():
+        if not done:
+            done.append(True)
+            slurm_down(cluster)
+
+    atexit.register(teardown)
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for var in [v for v in os.environ if v.startswith(SLURM_ENV_PREFIXES)]:
+                mp.delenv(var)
+            mp.setenv("SLURM_CONF", str(cluster.conf))
+            yield cluster
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        atexit.unregister(teardown)
+        teardown()
+
+
+@dataclass
+class SlurmDecoys:
+    """What a machine's own SLURM would have: /etc/slurm/slurm.conf and a process named slurmd."""
+    conf: Path
+    conf_bytes: bytes
+    conf_mtime_ns: int
+    process: subprocess.Popen
+
+    def disturbed(self) -> list:
+        problems = []
+        if not self.conf.exists():
+            problems.append(f"{self.conf} removed")
+        elif self.conf.read_bytes() != self.conf_bytes or self.conf.stat().st_mtime_ns != self.conf_mtime_ns:
+            problems.append(f"{self.conf} changed")
+        if self.process.poll() is not None:
+            problems.append(f"decoy slurmd {self.process.pid} ended ({self.process.returncode})")
+        return problems
+
+
+DECOY_HEADER = b"# a decoy system slurm.conf (tests/conftest.py); the private cluster must neither read nor write it\n"
+
+
+def _decoy_conf() -> bytes:
+    return DECOY_HEADER + f"# written by pytest PID {os.getpid()}\n".encode() + \
+        b"ClusterName=system-decoy\nSlurmctldHost=decoy-host(192.0.2.1)\n"
+
+
+def _leftover_decoy(conf: Path) -> bool:
+    """A decoy a killed session left behind (its PID is gone); a running session's is only watched."""
+    text = conf.read_bytes()
+    if not text.startswith(DECOY_HEADER):
+        return False
+    pid = text.split(b"PID ", 1)[1].split(b"\n", 1)[0] if b"PID " in text else b""
+    return not (pid.isdigit() and _running(int(pid)))
+
+
+def _die_with_parent():      # the decoy process ends with pytest, even if pytest is killed
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)    # PR_SET_PDEATHSIG
+
+
+@pytest.fixture(scope="session")
+def system_slurm_decoys(tmp_path_factory):
+    """A decoy system SLURM for the session, set up before the private cluster and checked after it
+    is torn down: /etc/slurm/slurm.conf (a decoy written only where none exists, then removed; an
+    existing file is only watched, unless it is a decoy a killed session left) and a running copy
+    of sleep named slurmd."""
+    conf = Path("/etc/slurm/slurm.conf")
+    created_dir = not conf.parent.exists()
+    decoy = _decoy_conf()
+    try:
+        if conf.exists() and _leftover_decoy(conf):
+            conf.unlink()
+        if not conf.exists():
+            conf.parent.mkdir(parents=True, exist_ok=True)
+            with open(conf, "xb") as f:
+                f.write(decoy)
+            os.utime(conf, ns=(1_000_000_000 * 10**9, 1_000_000_000 * 10**9))   # an old mtime: any write shows
+    except PermissionError:
+        pytest.skip(f"cannot write a decoy {conf} (not root)")
+    slurmd = tmp_path_factory.mktemp("decoy") / "slurmd"
+    shutil.copy2(shutil.which("sleep"), slurmd)
+    process = subprocess.Popen([str(slurmd), "3600"], preexec_fn=_die_with_parent)
+    decoys = SlurmDecoys(conf, conf.read_bytes(), conf.stat().st_mtime_ns, process)
+    try:
+        yield decoys
+        problems = decoys.disturbed()
+        assert not problems, f"the system SLURM decoys were disturbed: {problems}"
+    finally:
+        process.kill()
+        process.wait()
+        if conf.exists() and conf.read_bytes() == decoy:         # ours: never remove someone else's file
+            conf.unlink()
+            if created_dir:
+                with contextlib.suppress(OSError):
+                    conf.parent.rmdir()

@@ -1,4 +1,4 @@
-"""The cluster path against a real SLURM (scripts/slurm-local): sbatch jobs, failures, requeue."""
+"""The cluster path against a real, private SLURM (scripts/slurm-local): sbatch jobs, failures, requeue."""
 
 import json
 import subprocess
@@ -10,18 +10,15 @@ import pytest
 
 from tests.conftest import mlflow_runs, run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 SLURM = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
          "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=20"]
 MICRO = ["model=micro", "train=smoke"]
 
 
-@pytest.fixture(scope="module")
-def slurm():
-    up = subprocess.run([str(ROOT / "scripts" / "slurm-local"), "up"], capture_output=True, text=True, timeout=600)
-    if up.returncode == 3:
-        pytest.skip(f"no SLURM here: {up.stdout.strip()}")
-    assert up.returncode == 0, up.stdout + up.stderr
+@pytest.fixture
+def slurm(system_slurm_decoys, slurm_cluster):
+    """The session's private cluster (SLURM_CONF set), with the decoy system SLURM beside it."""
+    return slurm_cluster
 
 
 @pytest.mark.slow
