@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..track.query import ddl_experiments, load_histories, load_runs
     from .build import build
-    from .render import _ours
+    from .render import compared, ours
     from .tables import row_label
 
     experiments = args.experiment or ddl_experiments()
@@ -42,8 +42,17 @@ def main(argv: list[str] | None = None) -> int:
         for row in loss.rows:
             cells = [loss.cells[row, col.key] for col in loss.columns[::2]]
             if any(c.mean is not None or c.marker != "—" for c in cells):
-                summary.add_row(row_label(row), *[_ours(c) for c in cells])
+                summary.add_row(row_label(row), *[ours(c) for c in cells])
         console.print(summary)
+        for heading, headers, rows in compared(loss):
+            against = RichTable(title=heading)
+            for header in headers:
+                against.add_column(header)
+            for row in rows:
+                against.add_row(*row)
+            console.print(against)
+        for mark, text in loss.marks().items():
+            console.print(f"{mark} {text}")
         console.print(f"report: {report.path / 'index.html'}  ({len(report.tables)} tables, "
                       f"{len(list(report.path.glob('figure2_*')))} figures)")
     return 0
