@@ -25,7 +25,7 @@ from .. import paths
 from . import status
 from .configs import ConfigError
 from .spec import Job
-from .table import ASSUMED_MFU, job_table, live_table, summary_table
+from .table import job_table, live_table, summary_table
 
 
 class SweepFailed(RuntimeError):
@@ -82,7 +82,8 @@ class SweepLauncher(BaseSubmititLauncher):
                      f"{' '.join(same[0])} == {' '.join(kept.overrides)})")
         print(line)
         if self.config.dry_run:
-            job_table(jobs, self.estimate).print()
+            job_table(jobs, self.params.get("gpus_per_node") or 0, self.bound(len(jobs)),
+                      self.params.get("cpus_per_task") or 1).print()
             return []
         skipped = {j.signature: status.finished_in(paths.runs_dir() / j.signature, j.experiment, j.evaluation.evaluations())
                    for j in jobs}
@@ -141,11 +142,3 @@ class SweepLauncher(BaseSubmititLauncher):
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         recorded = status.read(run_dir).get("error") or (lines[-1] if lines else type(error).__name__)
         return "failed", f"{recorded}  (log: {handle.paths.stderr})", result
-
-    @staticmethod
-    def estimate(job: Job) -> tuple[int, int, float]:
-        """(parameters, tokens, GPU-hours at ASSUMED_MFU of an H100's bf16 peak, 6*N*D FLOPs)."""
-        from ..model.config import BF16_PEAK_FLOPS, param_count, training_flops
-        n_params = param_count(job.run.model)
-        tokens = job.run.train.steps * job.run.train.batch_tokens
-        return n_params, tokens, training_flops(n_params, tokens) / (BF16_PEAK_FLOPS["H100"] * ASSUMED_MFU) / 3600
