@@ -1,9 +1,9 @@
 """Seed statistics for the report: paired differences over seeds, their t intervals and verdicts.
 
-Pure functions over {seed: value} mappings. Two arms trained from the same seed share their
-initialisation of the common backbone and their data order, so the per-seed difference has
-less noise than either arm: the interval is a t interval over those differences (Student's t,
-n - 1 degrees of freedom, quantiles from scipy).
+Pure functions over {seed: value} mappings. Two arms trained from the same seed see the same
+batches in the same order (the loader's seed), so what the data order adds to a loss cancels in
+their difference: the interval is a t interval over the per-seed differences (Student's t,
+n - 1 degrees of freedom, quantiles from scipy, a dependency of mlflow's as well).
 """
 
 from __future__ import annotations
