@@ -36,8 +36,8 @@ def test_t_quantiles_are_students():
 def test_paired_difference_cancels_the_seed_noise():
     reference = {str(s): 1.75 + n for s, n in enumerate(SEED_NOISE)}
     arm = {s: v - 0.02 for s, v in reference.items()}
-    d = paired(arm, reference)
-    assert d.n == 5 and d.mean == pytest.approx(-0.02) and d.std == pytest.approx(0, abs=1e-12)
+    d = paired(arm, {s: v + 0.001 * (int(s) % 2) for s, v in reference.items()})
+    assert d.n == 5 and d.mean == pytest.approx(-0.0204) and d.std == pytest.approx(0.000548, abs=1e-6)
     assert d.verdict(higher_is_better=False) == BETTER and d.verdict(higher_is_better=True) == WORSE
     assert paired({"0": 1.0}, {"1": 1.0}) is None                           # no shared seed: nothing to pair
 
@@ -105,6 +105,13 @@ def test_reused_runs_are_marked_and_pairs_need_the_same_data():
     other.loc[other["params.model.row"] == "baseline", "params.data.source"] = "files"
     other = other.assign(row=variant_rows(other))
     assert loss_table(other, ["tiny"], "u").cells["ddl_dv4", "tiny/val_loss"].versus is None
+
+
+def test_differences_without_spread_resolve_nothing():
+    """Two seeds whose accuracy both moved by the same one item of 77: no interval, no verdict."""
+    d = paired({"0": 100 * 20 / 77, "1": 100 * 22 / 77}, {"0": 100 * 21 / 77, "1": 100 * 23 / 77})
+    assert d.std == pytest.approx(0, abs=1e-12) and d.low is None and d.verdict(True) == NOT_RESOLVED
+    assert seeds_to_resolve(0.0, 1.3) is None
 
 
 def test_seeds_to_resolve():

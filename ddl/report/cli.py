@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from .. import paths
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     if not experiments:
         print(f"ddl-report: no ddl runs in {paths.tracking_uri()}; run `ddl-run` or `make demo` first")
         return 1
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 160)   # logs keep whole columns
     for experiment in experiments:
         runs = load_runs(experiment)
         if runs.empty:

@@ -16,7 +16,8 @@ from .tables import BASELINE, PAPER_SIZES, Cell, Table, fmt_number, row_label
 
 LEGEND = (f"Mean ± std over seeds. Bold: best, underlined: second best, only where the paired "
           f"{CONFIDENCE:.0%} interval over seeds resolves the order (never with one seed). "
-          "— no run, FAILED / running: no finished run.")
+          "— no run, FAILED / running: no finished run. Against the baseline, no interval: one seed, or the "
+          "same difference for every seed (no spread to judge by).")
 
 
 def ours(cell: Cell, evaluation: bool = False) -> str:
@@ -44,7 +45,7 @@ def comparison(table: Table, key: str) -> tuple[list[str], list[list[str]]]:
     sizes = [s for s in PAPER_SIZES if any(s in table.cells[r, key].paper_relative for r in table.rows)]
     headers = ["Model", "seeds", f"Δ vs baseline [{CONFIDENCE:.0%} CI]", "Δ %", "verdict"] + \
         [f"paper Δ % ({s})" for s in sizes] + \
-        ["seeds to resolve: our Δ" + (f" / the paper's Δ % ({sizes[0]})" if sizes else "")]
+        ["seeds needed: ours" + (f" / paper's ({sizes[0]})" if sizes else "")]
     higher_is_better = next(c.higher_is_better for c in table.columns if c.key == key)
     lines = []
     for row in table.rows:
@@ -59,7 +60,7 @@ def comparison(table: Table, key: str) -> tuple[list[str], list[list[str]]]:
         interval = "" if d.low is None else f" [{_signed(d.low, table.evaluation)}, {_signed(d.high, table.evaluation)}]"
         relative = "" if d.relative is None else f"{d.relative:+.2f}%"
         needed = ""
-        if d.std is not None:
+        if d.std:
             effects = [d.mean] + ([cell.paper_relative[sizes[0]] * abs(d.reference) / 100]
                                   if sizes and sizes[0] in cell.paper_relative else [])
             needed = " / ".join(str(seeds_to_resolve(d.std, e) or "> 1000") for e in effects)
