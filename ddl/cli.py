@@ -76,10 +76,11 @@ def _hydra_app(config_path: str):
 def _run_one(cfg):
     from .launch.job import run_task
     if cfg.dry_run:
-        from .launch.launcher import SweepLauncher
+        import shutil
         from .launch.spec import Job
         from .launch.table import job_table
-        job_table([Job.from_config(cfg)], SweepLauncher.estimate).print()
+        gpus = int(shutil.which("nvidia-smi") is not None)   # train.device=auto takes a GPU where there is one
+        job_table([Job.from_config(cfg)], gpus, slots=1, threads=len(os.sched_getaffinity(0))).print()
         return None
     return run_task(cfg)
 

@@ -162,6 +162,33 @@ def test_two_processes_preparing_at_once_make_one_dataset(tmp_path):
     open_dataset(dataset).verify()
 
 
+def test_python_source_is_over_20_mb_here_without_tests_site_packages_or_the_embedded_corpus():
+    from ddl.data.sources import python_source_files
+    files = python_source_files()
+    assert sum(f.stat().st_size for f in files) > 20e6
+    assert any(f.parts[-2:] == ("torch", "__init__.py") for f in files) and any(f.name == "argparse.py" for f in files)
+    assert not any({"pydoc_data", "test", "tests", "idle_test"}.intersection(f.parts) for f in files)
+    params = DataConfig(source="python_source").source_params()
+    assert params["python"].count(".") == 2 and params["torch"]         # the versions name the dataset
+
+
+def test_ddl_data_prepares_python_source(tmp_path, capsys, monkeypatch):
+    """The real prepare path over the first 40 of the files (the whole corpus takes ~20 s)."""
+    import ddl.data.sources as sources
+    from ddl.data.sources import python_source_documents
+    files = sources.python_source_files()[:40]
+    monkeypatch.setattr(sources, "python_source_files", lambda: files)
+    monkeypatch.setenv("DDL_HOME", str(tmp_path))
+    assert data_cli(["prepare", "--source", "python_source"]) == 0
+    assert "python_source-byte-" in capsys.readouterr().out
+    ds = open_dataset(next((tmp_path / "data").glob("python_source-byte-*")))
+    docs = list(python_source_documents())
+    assert sum(ds.manifest["splits"][s]["docs"] for s in ("train", "val")) == len(docs) == 40
+    train = [d for d in docs if not is_val(d, 0.1)]
+    tokens = ds.train.concatenated()
+    assert ds.tokenizer().decode(tokens[: np.argmax(tokens == 0)].tolist()) == train[0]
+
+
 @pytest.mark.parametrize("kwargs, key", [
     (dict(source="web"), "data.source"), (dict(tokenizer="words"), "data.tokenizer"),
     (dict(source="files"), "data.files"), (dict(val_fraction=0.0), "data.val_fraction")])

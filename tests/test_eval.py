@@ -59,6 +59,9 @@ def test_lm_eval_accuracy_equals_the_direct_computation(checkpoint, monkeypatch,
     expected = direct_accuracy(model, load_tokenizer_for(meta), build_items()[:LIMIT])
     assert result.scores[f"eval/0shot/{OFFLINE_TASK}/acc"] == pytest.approx(expected)
     assert result.scores[f"eval/0shot/{OFFLINE_TASK}/reported"] == result.scores[f"eval/0shot/{OFFLINE_TASK}/acc"]
+    # bootstrap_iters=0 leaves lm-eval's stderr "N/A": the binomial one of its closed form, over LIMIT items
+    assert result.scores[f"eval/0shot/{OFFLINE_TASK}/n"] == LIMIT
+    assert result.scores[f"eval/0shot/{OFFLINE_TASK}/stderr"] == pytest.approx((expected * (1 - expected) / (LIMIT - 1)) ** 0.5)
     assert json.loads(result.results_json)["0shot"]["results"][OFFLINE_TASK]["alias"] == OFFLINE_TASK
 
 

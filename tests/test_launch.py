@@ -107,6 +107,22 @@ def test_a_dry_run_launches_and_writes_nothing(ddl_home):
     assert not (ddl_home / "mlflow.db").exists() and not (ddl_home / "runs").exists()
 
 
+def test_the_proxy_study_estimates_cpu_time_within_90_minutes_on_two_cores(ddl_home):
+    import re
+    out = run_cli("ddl-run", "-m", "+sweep=proxy", "--dry-run", "hydra.launcher.max_parallel=2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "18 override sets -> 18 distinct jobs" in out.stdout and "CPU core-min" in out.stdout
+    wall = re.search(r"about (\d+) min wall with 2 job\(s\) at once x 1 thread", " ".join(out.stdout.split()))
+    assert wall and int(wall.group(1)) <= 90
+    assert not (ddl_home / "mlflow.db").exists()
+
+
+def test_wall_time_schedules_the_longest_jobs_first():
+    from ddl.launch.estimate import wall_seconds
+    assert wall_seconds([3, 3, 2, 2, 2], slots=2, threads=1) == 7        # {3, 2, 2} and {3, 2}
+    assert wall_seconds([10, 1], slots=4, threads=2) == 5
+
+
 @pytest.mark.slow
 def test_a_failing_job_does_not_stop_its_siblings(ddl_home):
     out = run_cli("ddl-run", "-m", *SMOKE, "model.init=gpt2", "+model.init_std=0.02,1e15", "experiment=failing")

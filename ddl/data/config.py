@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 
 from ..validation import failure, is_int, is_number
 
-SOURCES = ("embedded", "files", "fineweb_edu")
+SOURCES = ("embedded", "python_source", "files", "fineweb_edu")
 TOKENIZERS = ("byte", "bpe", "gpt2")
 GPT2_VOCAB = 50257
 VAL_FRACTION = 0.1   # the share of documents held out by default (the offline eval task reads the embedded one's)
@@ -52,6 +52,9 @@ class DataConfig:
             params["files"] = self.files
         if self.source == "fineweb_edu":
             params.update(name=self.fineweb_name, config=self.fineweb_config, tokens=self.fineweb_tokens)
+        if self.source == "python_source":
+            from .sources import python_source_versions
+            params.update(python_source_versions())
         if self.tokenizer == "bpe":
             params["bpe_vocab"] = self.bpe_vocab
         return params

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 
@@ -15,8 +16,20 @@ class TaskUnavailable(ValueError):
 
 @dataclass
 class EvalResult:
-    scores: dict[str, float]      # eval/<shots>shot/<task>/<metric>, fractions in [0, 1]
+    scores: dict[str, float]      # eval/<shots>shot/<task>/<metric>, fractions in [0, 1]; .../n, .../stderr
     results_json: str             # lm-eval's full results, one document per shot count
+
+
+def binomial_stderr(accuracy: float, items: int) -> float:
+    """The standard error of a mean of `items` 0/1 scores: lm-eval's closed form for a mean
+    (sample std / sqrt(n)), which it leaves "N/A" when bootstrap_iters=0."""
+    return math.sqrt(accuracy * (1 - accuracy) / (items - 1)) if items > 1 else float("nan")
+
+
+def _uncertainty(values: dict, metric: str, items: int) -> float:
+    """lm-eval's stderr of `metric` where it computed one, else the binomial one."""
+    reported = values.get(f"{metric}_stderr,none")
+    return float(reported) if isinstance(reported, (int, float)) else binomial_stderr(values[f"{metric},none"], items)
 
 
 def offline_hub() -> None:
@@ -87,9 +100,12 @@ def evaluate(model_or_checkpoint, tasks: list[str], shots: list[int], *, tokeniz
                 metric, _, filt = key.partition(",")
                 if filt == "none" and metric in ("acc", "acc_norm") and isinstance(value, (int, float)):
                     scores[f"eval/{k}shot/{task}/{metric}"] = float(value)
-            metric = reported_metric(task)
-            if f"eval/{k}shot/{task}/{metric}" in scores:
-                scores[f"eval/{k}shot/{task}/reported"] = scores[f"eval/{k}shot/{task}/{metric}"]
-        documents[f"{k}shot"] = {key: out[key] for key in ("results", "configs", "versions", "n-shot", "config")
-                                 if key in out}
+            metric, prefix = reported_metric(task), f"eval/{k}shot/{task}"
+            if f"{prefix}/{metric}" in scores:
+                scores[f"{prefix}/reported"] = scores[f"{prefix}/{metric}"]
+                items = out.get("n-samples", {}).get(task, {}).get("effective")   # groups have none
+                if items:
+                    scores.update({f"{prefix}/n": float(items), f"{prefix}/stderr": _uncertainty(values, metric, items)})
+        documents[f"{k}shot"] = {key: out[key] for key in ("results", "configs", "versions", "n-shot", "n-samples",
+                                                           "config") if key in out}
     return EvalResult(scores, json.dumps(documents, indent=1, default=str))

@@ -67,7 +67,8 @@ class SweepLauncher(BaseSubmititLauncher):
         plan = self.plan(job_overrides)
         print(plan.headline())
         if self.config.dry_run:
-            job_table(plan.jobs, self.estimate).print()
+            job_table(plan.jobs, self.params.get("gpus_per_node") or 0, self.bound(len(plan.jobs)),
+                      self.params.get("cpus_per_task") or 1).print()
             return []
         skipped = plan.finished()
         todo = [j for j in plan.jobs if j.signature not in skipped]
@@ -130,12 +131,3 @@ class SweepLauncher(BaseSubmititLauncher):
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         recorded = status.read(run_dir).get("error") or (lines[-1] if lines else type(error).__name__)
         return "failed", f"{recorded}  (log: {handle.paths.stderr})", result
-
-    @staticmethod
-    def estimate(job: Job) -> tuple[int, int, float]:
-        """(parameters, tokens, H100-hours at ddl.costs.ASSUMED_MFU, 6*N*D FLOPs)."""
-        from ..costs import gpu_hours
-        from ..model.config import param_count
-        n_params = param_count(job.run.model)
-        tokens = job.run.train.steps * job.run.train.batch_tokens
-        return n_params, tokens, gpu_hours(n_params, tokens)

@@ -13,6 +13,7 @@ from rich.table import Table
 from .. import paths
 from ..costs import ASSUMED_MFU, BF16_PEAK_FLOPS
 from . import status
+from .estimate import CPU_TRAIN_FLOPS, job_cost, wall_seconds
 
 console = Console(width=None if sys.stdout.isatty() else 160)  # logs keep whole columns
 
@@ -25,19 +26,28 @@ class _Printable:
         console.print(self.table)
 
 
-def job_table(jobs, estimate) -> _Printable:
+def job_table(jobs, gpus: int, slots: int, threads: int) -> _Printable:
+    """The plan with each job's cost: GPU-hours on an H100 and, for jobs that train on CPU, core-minutes
+    (and the sweep's wall time on `slots` parallel jobs of `threads` threads)."""
+    costs = [job_cost(job, gpus) for job in jobs]
+    on_cpu = [c.cpu_seconds for c in costs if c.cpu_seconds is not None]
     table = Table(title="ddl-run: planned jobs (dry run, nothing launched)")
-    for column in ("signature", "job", "overrides", "params", "tokens", "GPU-h*"):
-        table.add_column(column, justify="right" if column in ("params", "tokens", "GPU-h*") else "left")
-    total = 0.0
-    for job in jobs:
-        n_params, tokens, gpu_hours = estimate(job)
-        total += gpu_hours
-        table.add_row(job.signature, job.name, " ".join(job.overrides), f"{n_params / 1e6:.2f}M", f"{tokens:.3g}",
-                      f"{gpu_hours:.3g}")
-    table.caption = (f"* 6·N·tokens FLOPs at {ASSUMED_MFU:.0%} of an H100's bf16 peak "
-                     f"({BF16_PEAK_FLOPS['H100'] / 1e12:.0f} TFLOP/s); total {total:.3g} GPU-h. "
-                     f"{len(jobs)} jobs.")
+    columns = ["signature", "job", "overrides", "params", "tokens", "GPU-h*"] + ["CPU core-min†"] * bool(on_cpu)
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("signature", "job", "overrides") else "right")
+    for job, cost in zip(jobs, costs, strict=True):
+        cpu = [f"{cost.cpu_seconds / 60:.1f}" if cost.cpu_seconds is not None else "GPU"] * bool(on_cpu)
+        table.add_row(job.signature, job.name, " ".join(job.overrides), f"{cost.params / 1e6:.2f}M",
+                      f"{cost.tokens:.3g}", f"{cost.gpu_hours:.3g}", *cpu)
+    caption = (f"* 6·N·tokens FLOPs at {ASSUMED_MFU:.0%} of an H100's bf16 peak "
+               f"({BF16_PEAK_FLOPS['H100'] / 1e12:.0f} TFLOP/s); total {sum(c.gpu_hours for c in costs):.3g} GPU-h.")
+    if on_cpu:
+        wall = wall_seconds(on_cpu, slots, threads)
+        caption += (f" † on CPU (this launcher gives no GPU): 6·N·tokens FLOPs at {CPU_TRAIN_FLOPS / 1e9:.2g} GFLOP/s "
+                    f"per core, measured, plus each job's start-up and evaluation (ddl/launch/estimate.py); total "
+                    f"{sum(on_cpu) / 60:.0f} core-min, about {wall / 60:.0f} min wall with {slots} job(s) at once x "
+                    f"{threads} thread(s).")
+    table.caption = f"{caption} {len(jobs)} jobs."
     return _Printable(table)
 
 

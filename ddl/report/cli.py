@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from .. import paths
@@ -19,14 +20,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..track.query import ddl_experiments, load_histories, load_runs
     from .build import build
-    from .render import ours_text
+    from .render import compared, ours
     from .tables import row_label
 
     experiments = args.experiment or ddl_experiments()
     if not experiments:
         print(f"ddl-report: no ddl runs in {paths.tracking_uri()}; run `ddl-run` or `make demo` first")
         return 1
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 160)   # logs keep whole columns
     for experiment in experiments:
         runs = load_runs(experiment)
         if runs.empty:
@@ -42,8 +43,17 @@ def main(argv: list[str] | None = None) -> int:
         for row in loss.rows:
             cells = [loss.cells[row, col.key] for col in loss.columns[::2]]
             if any(c.mean is not None or c.marker != "—" for c in cells):
-                summary.add_row(row_label(row), *[ours_text(c) for c in cells])
+                summary.add_row(row_label(row), *[ours(c) for c in cells])
         console.print(summary)
+        for heading, headers, rows in compared(loss):
+            against = RichTable(title=heading)
+            for header in headers:
+                against.add_column(header)
+            for row in rows:
+                against.add_row(*row)
+            console.print(against)
+        for mark, text in loss.marks().items():
+            console.print(f"{mark} {text}")
         console.print(f"report: {report.path / 'index.html'}  ({len(report.tables)} tables, "
                       f"{len(list(report.path.glob('figure2_*')))} figures)")
     return 0

@@ -1,4 +1,9 @@
-"""One Table, four renderings: Markdown, LaTeX (booktabs), CSV (long form) and HTML."""
+"""One Table, four renderings: Markdown, LaTeX (booktabs), CSV (long form) and HTML.
+
+Each table is its grid (ours, mean ± std over seeds, the paper's value where it is measured the
+same way) and, under it, each compared column as rows against the baseline: the paired
+difference with its 95% interval, our relative difference beside the paper's, and a verdict.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +11,23 @@ import csv
 import html
 import io
 
-from .tables import Cell, Table, fmt_number, row_label
+from .stats import CONFIDENCE, seeds_to_resolve
+from .tables import BASELINE, PAPER_SIZES, Cell, Table, fmt_number, row_label
+
+LEGEND = (f"Mean ± std over seeds. Bold: best, underlined: second best, only where the paired "
+          f"{CONFIDENCE:.0%} interval over seeds resolves the order (never with one seed). "
+          "— no run, FAILED / running: no finished run. Against the baseline, no interval: one seed, or the "
+          "same difference for every seed (no spread to judge by).")
 
 
-def ours_text(cell: Cell) -> str:
+def ours(cell: Cell, evaluation: bool = False) -> str:
     if cell.mean is None:
         return cell.marker or ""
-    text = fmt_number(cell.mean)
-    return text + (f" ± {fmt_number(cell.std)}" if cell.std is not None else "")
+    number = (lambda x: f"{x:.2f}") if evaluation else fmt_number   # accuracy in %: two decimals
+    text = number(cell.mean) + (f" ± {number(cell.std)}" if cell.std is not None else "") + cell.marks
+    if evaluation:
+        text += f" (SE {cell.stderr:.2f}, {cell.items} items)" if cell.stderr is not None else " (SE not logged)"
+    return text
 
 
 def _paper(cell: Cell) -> str:
@@ -21,63 +35,134 @@ def _paper(cell: Cell) -> str:
         else f"paper {fmt_number(cell.paper)}"
 
 
+def _signed(value: float, evaluation: bool) -> str:
+    return f"{value:+.2f}" if evaluation else f"{value:+.4f}"
+
+
+def comparison(table: Table, key: str) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows) of one compared column against the baseline; the paper's columns only where
+    the paper has a value for some row."""
+    sizes = [s for s in PAPER_SIZES if any(s in table.cells[r, key].paper_relative for r in table.rows)]
+    headers = ["Model", "seeds", f"Δ vs baseline [{CONFIDENCE:.0%} CI]", "Δ %", "verdict"] + \
+        [f"paper Δ % ({s})" for s in sizes] + \
+        ["seeds needed: ours" + (f" / paper's ({sizes[0]})" if sizes else "")]
+    higher_is_better = next(c.higher_is_better for c in table.columns if c.key == key)
+    lines = []
+    for row in table.rows:
+        cell = table.cells[row, key]
+        if row.partition(" ")[0] == BASELINE or cell.mean is None:
+            continue
+        paper = [f"{cell.paper_relative[s]:+.2f}%" if s in cell.paper_relative else "" for s in sizes]
+        d = cell.versus
+        if d is None:
+            lines.append([row_label(row), str(cell.n), "no baseline run with a shared seed", "", ""] + paper + [""])
+            continue
+        interval = "" if d.low is None else f" [{_signed(d.low, table.evaluation)}, {_signed(d.high, table.evaluation)}]"
+        relative = "" if d.relative is None else f"{d.relative:+.2f}%"
+        needed = ""
+        if d.std:
+            effects = [d.mean] + ([cell.paper_relative[sizes[0]] * abs(d.reference) / 100]
+                                  if sizes and sizes[0] in cell.paper_relative else [])
+            needed = " / ".join(str(seeds_to_resolve(d.std, e) or "> 1000") for e in effects)
+        lines.append([row_label(row), str(d.n), _signed(d.mean, table.evaluation) + interval, relative,
+                      d.verdict(higher_is_better)] + paper + [needed])
+    return headers, lines
+
+
+def compared(table: Table):
+    """(heading, headers, rows) of each compared column that has a row to show."""
+    for key, heading in table.compared:
+        headers, lines = comparison(table, key)
+        if lines:
+            yield f"{heading} against the baseline, paired by seed", headers, lines
+
+
+def _footnotes(table: Table) -> list[str]:
+    return [f"{mark} {text}" for mark, text in table.marks().items()]
+
+
 def markdown(table: Table) -> str:
     def cell_text(c: Cell) -> str:
-        ours = ours_text(c)
-        ours = f"**{ours}**" if c.rank == 1 else f"<u>{ours}</u>" if c.rank == 2 else ours
-        return f"{ours} ({_paper(c)})" if c.paper is not None else ours
+        text = ours(c, table.evaluation)
+        text = f"**{text}**" if c.rank == 1 else f"<u>{text}</u>" if c.rank == 2 else text
+        return f"{text} ({_paper(c)})" if c.paper is not None else text
     lines = [f"### {table.title}", "", "| Model | " + " | ".join(c.header for c in table.columns) + " |",
              "|---|" + "---|" * len(table.columns)]
     lines += [f"| {row_label(row)} | " + " | ".join(cell_text(table.cells[row, c.key]) for c in table.columns) + " |"
               for row in table.rows]
-    lines += ["", f"Bold: best, underlined: second best. — no run, FAILED / running: no finished run. {table.note}", ""]
+    lines += ["", f"{LEGEND} {table.note}", *[f"{n}  " for n in _footnotes(table)], ""]
+    for heading, headers, rows in compared(table):
+        lines += [f"#### {heading}", "", "| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in rows] + [""]
     return "\n".join(lines)
 
 
 def latex(table: Table) -> str:
     def esc(text: str) -> str:
-        return text.replace("_", r"\_").replace("%", r"\%")
+        return (text.replace("_", r"\_").replace("%", r"\%").replace("±", r"$\pm$").replace("—", "--")
+                .replace("Δ", r"$\Delta$").replace("†", r"$^\dagger$").replace("‡", r"$^\ddagger$"))
 
     def cell_text(c: Cell) -> str:
-        ours = esc(ours_text(c)).replace("±", r"$\pm$").replace("—", "--")
-        ours = rf"\textbf{{{ours}}}" if c.rank == 1 else rf"\underline{{{ours}}}" if c.rank == 2 else ours
+        text = esc(ours(c, table.evaluation))
+        text = rf"\textbf{{{text}}}" if c.rank == 1 else rf"\underline{{{text}}}" if c.rank == 2 else text
         if c.paper is not None:
-            ours += rf" {{\scriptsize({fmt_number(c.paper)}" + (f", {c.delta:+.2f}" if c.delta is not None else "") + ")}"
-        return ours
+            text += rf" {{\scriptsize({fmt_number(c.paper)}" + (f", {c.delta:+.2f}" if c.delta is not None else "") + ")}"
+        return text
 
-    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{esc(table.title)}. {esc(table.note)}}}",
+    def tabular(headers: list[str], rows: list[list[str]]) -> list[str]:
+        return [r"\begin{tabular}{l" + "c" * (len(headers) - 1) + "}", r"\toprule",
+                " & ".join(esc(h) for h in headers) + r" \\", r"\midrule",
+                *[" & ".join(esc(x) for x in r).replace("d\\_v", "$d_v$") + r" \\" for r in rows],
+                r"\bottomrule", r"\end{tabular}"]
+
+    grid = [[row_label(row)] + [cell_text(table.cells[row, c.key]) for c in table.columns] for row in table.rows]
+    caption = " ".join([table.title + ".", LEGEND, table.note, *_footnotes(table)])
+    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{esc(caption)}}}",
              r"\begin{tabular}{l" + "c" * len(table.columns) + "}", r"\toprule",
              "Model & " + " & ".join(esc(c.header) for c in table.columns) + r" \\", r"\midrule"]
-    lines += [esc(row_label(row)).replace("d\\_v", "$d_v$") + " & " +
-              " & ".join(cell_text(table.cells[row, c.key]) for c in table.columns) + r" \\" for row in table.rows]
-    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
+    lines += [esc(r[0]).replace("d\\_v", "$d_v$") + " & " + " & ".join(r[1:]) + r" \\" for r in grid]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    for heading, headers, rows in compared(table):
+        lines += [r"\par\medskip", rf"{{\small {esc(heading)}}}\par", *tabular(headers, rows)]
+    lines += [r"\end{table}", ""]
     return "\n".join(lines)
 
 
 def csv_text(table: Table) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(["table", "row", "column", "mean", "std", "n_seeds", "marker", "paper", "delta", "rank"])
+    writer.writerow(["table", "row", "column", "mean", "std", "n_seeds", "marker", "marks", "stderr", "items",
+                     "paper", "delta", "rank", "vs_baseline", "ci_low", "ci_high", "paired_seeds", "relative_pct",
+                     "verdict", *[f"paper_relative_pct_{s}" for s in PAPER_SIZES]])
     for row in table.rows:
         for col in table.columns:
-            c = table.cells[row, col.key]
-            writer.writerow([table.name, row, col.key, c.mean, c.std, c.n, c.marker or "", c.paper, c.delta,
-                             c.rank or ""])
+            c, d = table.cells[row, col.key], table.cells[row, col.key].versus
+            paired = [d.mean, d.low, d.high, d.n, d.relative, d.verdict(col.higher_is_better)] if d else [None] * 6
+            writer.writerow([table.name, row, col.key, c.mean, c.std, c.n, c.marker or "", c.marks, c.stderr, c.items,
+                             c.paper, c.delta, c.rank or "", *paired, *[c.paper_relative.get(s) for s in PAPER_SIZES]])
     return out.getvalue()
 
 
 def html_table(table: Table) -> str:
     def cell_html(c: Cell) -> str:
-        ours = html.escape(ours_text(c))
-        ours = f"<b>{ours}</b>" if c.rank == 1 else f"<u>{ours}</u>" if c.rank == 2 else ours
+        text = html.escape(ours(c, table.evaluation))
+        text = f"<b>{text}</b>" if c.rank == 1 else f"<u>{text}</u>" if c.rank == 2 else text
         cls = ' class="missing"' if c.mean is None else ""
         paper = f'<br><small>{html.escape(_paper(c))}</small>' if c.paper is not None else ""
-        return f"<td{cls}>{ours}{paper}</td>"
+        return f"<td{cls}>{text}{paper}</td>"
+
+    def plain(headers: list[str], rows: list[list[str]]) -> str:
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(x)}</td>" for x in r) + "</tr>" for r in rows)
+        return f"<table><tr>{head}</tr>{body}</table>"
+
     head = "".join(f"<th>{html.escape(c.header)}</th>" for c in table.columns)
     body = "".join(f"<tr><th>{html.escape(row_label(row))}</th>"
                    + "".join(cell_html(table.cells[row, c.key]) for c in table.columns) + "</tr>" for row in table.rows)
-    return (f"<h2>{html.escape(table.title)}</h2><table><tr><th>Model</th>{head}</tr>{body}</table>"
-            f"<p class=note>{html.escape(table.note)}</p>")
+    notes = "".join(f"<p class=note>{html.escape(n)}</p>" for n in [f"{LEGEND} {table.note}", *_footnotes(table)])
+    against = "".join(f"<h3>{html.escape(heading)}</h3>{plain(headers, rows)}"
+                      for heading, headers, rows in compared(table))
+    return f"<h2>{html.escape(table.title)}</h2><table><tr><th>Model</th>{head}</tr>{body}</table>{notes}{against}"
 
 
 def html_page(experiment: str, tables: list[Table], figures: list[str], summary: str) -> str:

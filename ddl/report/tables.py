@@ -1,5 +1,6 @@
-"""The paper's tables rebuilt from runs: cells with mean ± std over seeds, the paper's value and
-our delta, best bold / second underlined, and explicit markers where a run is missing or failed."""
+"""The paper's tables rebuilt from runs: cells with mean ± std over seeds, each row paired by seed
+with the baseline of the same size, data and schedule (difference, 95% interval, verdict), the
+paper's own relative difference beside ours, and explicit markers where a run is missing or failed."""
 
 from __future__ import annotations
 
@@ -9,23 +10,39 @@ from importlib import resources
 import pandas as pd
 
 from ..eval.suites import PAPER_TASKS
+from .stats import BETTER, Difference, paired
 
 PAPER_ROWS = {"baseline": "Baseline", "ddl_dv1": "DDL (d_v=1)", "ddl_dv4": "DDL (d_v=4)",
               "ddl_dv4_cc": "DDL-CC", "ddl_dv4_ec": "DDL-EC", "ddl_dv4_cc_ec": "DDL-CC-EC"}
+BASELINE = "baseline"
 TASK_HEADERS = {"arc_challenge": "ARC-C", "arc_easy": "ARC-E", "hellaswag": "Hellaswag", "openbookqa": "OpenBookQA",
                 "piqa": "PIQA", "sciq": "SciQ", "social_iqa": "Social IQA", "winogrande": "WG", "average": "Avg."}
 ACCURACY_TABLES = {("small", 1): "table1", ("medium", 1): "table2", ("small", 0): "table5", ("medium", 0): "table6"}
+PAPER_SIZES = ("small", "medium")
+PAPER_DATA = {"params.data.source": "fineweb_edu", "params.data.tokenizer": "gpt2"}   # the paper's losses' tokens
 NO_RUN, FAILED, RUNNING = "—", "FAILED", "running"
+# Provenance marks: a cell built from such a run says so in a footnote.
+MARKS = {"tags.ddl.history_from": ("†", "trained under another experiment's run and reused here (its curves copied)"),
+         "tags.ddl.imported_from": ("‡", "imported from a checkpoint of the authors' code (ddl-eval import-reference)")}
+# What a DDL arm and its baseline share (besides data and schedule): everything but the residual rule.
+BACKBONE = tuple(f"params.model.{k}" for k in ("size", "vocab_size", "n_layer", "n_head", "d_model", "max_seq_len",
+                                                 "rope_base", "init", "init_std", "norm_eps", "qk_norm"))
 
 
 @dataclass
 class Cell:
     mean: float | None = None
     std: float | None = None
-    n: int = 0
+    n: int = 0                       # seeds
     marker: str | None = None       # NO_RUN / FAILED / RUNNING when there is no finished value
-    paper: float | None = None
-    rank: int = 0                    # 1 best, 2 second best in its column
+    paper: float | None = None      # the paper's value, where ours is measured the same way
+    rank: int = 0                    # 1 resolved best, 2 resolved second best in its column
+    seeds: dict[str, float] = field(default_factory=dict)     # seed -> value: what pairing reads
+    versus: Difference | None = None                          # minus the baseline's, paired by seed
+    paper_relative: dict[str, float] = field(default_factory=dict)   # paper size -> its % to its baseline
+    stderr: float | None = None     # evaluation: the per-run item-level stderr (mean over seeds)
+    items: int | None = None        # evaluation: items scored per run
+    marks: str = ""                  # provenance footnote marks
 
     @property
     def delta(self) -> float | None:
@@ -47,15 +64,31 @@ class Table:
     columns: list[Column]
     cells: dict[tuple[str, str], Cell] = field(default_factory=dict)
     note: str = ""
+    compared: list[tuple[str, str]] = field(default_factory=list)   # (column key, heading) paired with the baseline
+    evaluation: bool = False         # accuracy cells: item counts and stderrs
 
     def rank(self) -> None:
-        """Best value(s) rank 1, the next distinct value rank 2: ties share their rank."""
+        """Rank 1: better than every other cell of its column, resolved by the paired interval;
+        rank 2: the same among the rest. Unresolved orders (one seed, overlapping) rank nothing."""
         for col in self.columns:
-            cells = [c for row in self.rows if (c := self.cells[row, col.key]).mean is not None]
-            distinct = sorted({round(c.mean, 10) for c in cells}, reverse=col.higher_is_better)
-            for c in cells:
-                place = distinct.index(round(c.mean, 10)) + 1
-                c.rank = place if place <= 2 else 0
+            rest = [c for row in self.rows if (c := self.cells[row, col.key]).mean is not None]
+            for place in (1, 2):
+                best = [c for c in rest if len(rest) > 1 and all(
+                    _beats(c, other, col.higher_is_better) for other in rest if other is not c)]
+                if not best:
+                    break
+                best[0].rank = place
+                rest = [c for c in rest if c is not best[0]]
+
+    def marks(self) -> dict[str, str]:
+        """The footnotes the cells use: mark -> what it means."""
+        used = "".join(c.marks for c in self.cells.values())
+        return {mark: text for mark, text in MARKS.values() if mark in used}
+
+
+def _beats(cell: Cell, other: Cell, higher_is_better: bool) -> bool:
+    difference = paired(cell.seeds, other.seeds)
+    return difference is not None and difference.verdict(higher_is_better) == BETTER
 
 
 def paper_values() -> pd.DataFrame:
@@ -87,20 +120,59 @@ def variant_rows(runs: pd.DataFrame) -> pd.Series:
     return rows
 
 
+def _finished(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """The finished runs that logged `metric`, one per seed (the newest: MLflow lists newest first)."""
+    column = f"metrics.{metric}"
+    if column not in runs:
+        return runs.iloc[:0]
+    finished = runs[(runs["status"] == "FINISHED") & runs[column].notna()]
+    return finished.drop_duplicates("params.seed")
+
+
 def _cell(runs: pd.DataFrame, metric: str, scale: float) -> Cell:
     """Finished runs give the value (mean ± std over seeds); otherwise say why there is none."""
     if runs.empty:
         return Cell(marker=NO_RUN)
-    column = f"metrics.{metric}"
-    finished = runs[runs["status"] == "FINISHED"]
-    values = finished[column].dropna() * scale if column in finished else pd.Series(dtype=float)
-    if len(values):
-        return Cell(values.mean(), values.std() if len(values) > 1 else None, len(values))
+    finished = _finished(runs, metric)
+    if len(finished):
+        seeds = {str(seed): float(value) * scale
+                 for seed, value in zip(finished["params.seed"], finished[f"metrics.{metric}"], strict=True)}
+        values = pd.Series(seeds)
+        marks = "".join(mark for tag, (mark, _) in MARKS.items() if tag in finished and finished[tag].notna().any())
+        return Cell(values.mean(), values.std() if len(values) > 1 else None, len(values), seeds=seeds, marks=marks)
     if (runs["status"] == "FAILED").any():
         return Cell(marker=FAILED)
     if runs["status"].isin(["RUNNING", "SCHEDULED"]).any():
         return Cell(marker=RUNNING)
     return Cell(marker=NO_RUN)
+
+
+def _eval_cell(runs: pd.DataFrame, shots: int, task: str) -> Cell:
+    """An accuracy cell (%), with its runs' item count and item-level stderr where they logged them."""
+    prefix = f"eval/{shots}shot/{task}"
+    cell = _cell(runs, f"{prefix}/reported", 100.0)
+    finished = _finished(runs, f"{prefix}/reported")
+    logged = [f"metrics.{prefix}/{m}" for m in ("stderr", "n")]
+    if len(finished) and all(c in finished and finished[c].notna().all() for c in logged):
+        cell.stderr = 100.0 * float(finished[logged[0]].mean())
+        cell.items = int(finished[logged[1]].max())
+    return cell
+
+
+def _average(parts: list[Cell]) -> Cell:
+    """The mean over tasks, seed by seed (seeds every task has); items add up, stderrs combine."""
+    if any(c.mean is None for c in parts):
+        return Cell(marker=next((c.marker for c in parts if c.marker and c.marker != NO_RUN), NO_RUN))
+    seeds = set.intersection(*(set(c.seeds) for c in parts))
+    per_seed = pd.Series({s: sum(c.seeds[s] for c in parts) / len(parts) for s in sorted(seeds)}, dtype=float)
+    if per_seed.empty:
+        return Cell(marker=NO_RUN)
+    cell = Cell(per_seed.mean(), per_seed.std() if len(per_seed) > 1 else None, len(per_seed),
+                seeds=per_seed.to_dict(), marks="".join(sorted(set("".join(c.marks for c in parts)))))
+    if all(c.stderr is not None and c.items is not None for c in parts):
+        cell.stderr = sum(c.stderr ** 2 for c in parts) ** 0.5 / len(parts)
+        cell.items = sum(c.items for c in parts)
+    return cell
 
 
 def _rows(runs: pd.DataFrame) -> list[str]:
@@ -114,21 +186,67 @@ def _rows(runs: pd.DataFrame) -> list[str]:
     return ordered + [r for r in dict.fromkeys(runs["row"]) if r not in ordered]
 
 
+def _paper_relative(paper: pd.DataFrame, row: str) -> dict[str, float]:
+    """The paper's difference of `row` to its baseline in % of the baseline, per size it reports
+    (`paper`: that table's rows for one metric or task, columns size, model, value)."""
+    model, relative = row.partition(" ")[0], {}
+    for size in PAPER_SIZES:
+        values = paper[paper["size"] == size].set_index("model")["value"]
+        if model != BASELINE and model in values and BASELINE in values:
+            relative[size] = 100.0 * (values[model] - values[BASELINE]) / values[BASELINE]
+    return relative
+
+
+def baseline_rows(runs: pd.DataFrame) -> dict[str, str]:
+    """Each non-baseline row's baseline row among `runs` (one size): the baseline trained on the
+    same data, with the same schedule and backbone. Rows with no such baseline, or several, have none."""
+    shared = [c for c in runs.columns if c.startswith(("params.data.", "params.train.")) or c in BACKBONE]
+
+    def setting(group: pd.DataFrame) -> tuple:
+        return tuple(None if pd.isna(v) else str(v) for v in group[shared].iloc[0])
+
+    groups = dict(list(runs.groupby("row", sort=False)))
+    baselines = {row: setting(g) for row, g in groups.items() if row.partition(" ")[0] == BASELINE}
+    matches = {row: [b for b, s in baselines.items() if s == setting(g)] for row, g in groups.items()
+               if row not in baselines}
+    return {row: found[0] for row, found in matches.items() if len(found) == 1}
+
+
+def _compare(table: Table, runs: pd.DataFrame, keys: list[str]) -> None:
+    """Pair each row's cells in `keys` with its baseline's, seed by seed."""
+    for row, base in baseline_rows(runs).items():
+        for key in keys:
+            cell = table.cells[row, key]
+            cell.versus = paired(cell.seeds, table.cells[base, key].seeds)
+
+
+def _on_paper_data(runs: pd.DataFrame) -> bool:
+    return not runs.empty and all(column in runs and (runs[column] == value).all()
+                                  for column, value in PAPER_DATA.items())
+
+
 def loss_table(runs: pd.DataFrame, sizes: list[str], unit: str) -> Table:
-    """Table 3: final validation loss and perplexity per size."""
+    """Table 3: final validation loss and perplexity per size; each row's loss paired with its baseline's."""
     paper = paper_values().query("table == 'table3'")
     columns = [Column(f"{size}/{m}", f"{size.capitalize()} {h}", False)
                for size in sizes for m, h in (("val_loss", "Valid Loss"), ("val_ppl", "Valid PPL"))]
     table = Table("table3", "Table 3: final validation loss and perplexity", _rows(runs), columns,
-                  note=f"Loss in {unit}. Paper values: FineWeb-Edu, GPT-2 tokens.")
+                  compared=[(f"{size}/val_loss", f"{size.capitalize()} valid loss") for size in sizes])
     for row in table.rows:
         for size in sizes:
             subset = runs[(runs["params.model.size"] == size) & (runs["row"] == row)]
             for metric, source in (("val_loss", "val/loss"), ("val_ppl", "val/ppl")):
                 cell = _cell(subset, f"final/{source}", 1.0)
-                match = paper.query("size == @size and model == @row and metric == @metric")["value"]
-                cell.paper = float(match.iloc[0]) if len(match) else None
+                in_paper = paper[paper["metric"] == metric]
+                cell.paper_relative = _paper_relative(in_paper, row)
+                match = in_paper.query("size == @size and model == @row")["value"]
+                if len(match) and _on_paper_data(_finished(subset, f"final/{source}")):
+                    cell.paper = float(match.iloc[0])
                 table.cells[row, f"{size}/{metric}"] = cell
+    for size in sizes:
+        _compare(table, runs[runs["params.model.size"] == size], [f"{size}/val_loss", f"{size}/val_ppl"])
+    table.note = f"Loss in {unit}." + (" Paper values beside runs on its data (FineWeb-Edu, GPT-2 tokens)."
+                                       if any(c.paper is not None for c in table.cells.values()) else "")
     table.rank()
     return table
 
@@ -136,28 +254,36 @@ def loss_table(runs: pd.DataFrame, sizes: list[str], unit: str) -> Table:
 def accuracy_table(runs: pd.DataFrame, size: str, shots: int, tasks: list[str]) -> Table:
     """Tables 1/2 (1-shot) and 5/6 (0-shot): the reported metric per task, in percent, plus Avg."""
     name = ACCURACY_TABLES.get((size, shots), f"accuracy_{size}_{shots}shot")
-    paper = paper_values().query("table == @name") if (size, shots) in ACCURACY_TABLES else paper_values().iloc[:0]
+    paper_tables = [ACCURACY_TABLES[s, shots] for s in PAPER_SIZES if (s, shots) in ACCURACY_TABLES]  # noqa: F841
+    paper = paper_values().query("table in @paper_tables")
     with_average = len(tasks) > 1
     keys = tasks + (["average"] if with_average else [])
     columns = [Column(t, TASK_HEADERS.get(t, t), True) for t in keys]
     label = name.replace("table", "Table ") if (size, shots) in ACCURACY_TABLES else "Accuracy"
     title = f"{label}: {size} models, {shots}-shot accuracy (%) with lm-evaluation-harness"
-    table = Table(name, title, _rows(runs), columns, note="Metric per task: see ddl/eval/suites.py.")
+    table = Table(name, title, _rows(runs), columns, compared=[(keys[-1], f"{TASK_HEADERS.get(keys[-1], keys[-1])}")],
+                  evaluation=True)
+    subset_of_size = runs[runs["params.model.size"] == size]
     for row in table.rows:
-        subset = runs[(runs["params.model.size"] == size) & (runs["row"] == row)]
-        for task in tasks:
-            cell = _cell(subset, f"eval/{shots}shot/{task}/reported", 100.0)
-            match = paper.query("model == @row and task == @task")["value"]
-            cell.paper = float(match.iloc[0]) if len(match) else None
+        subset = subset_of_size[subset_of_size["row"] == row]
+        for task in keys:
+            if task == "average":
+                cell = _average([table.cells[row, t] for t in tasks])
+            else:
+                cell = _eval_cell(subset, shots, task)
+            if task != "average" or set(tasks) == set(PAPER_TASKS):
+                in_paper = paper[paper["task"] == task]
+                cell.paper_relative = _paper_relative(in_paper, row)
+                match = in_paper.query("size == @size and model == @row")["value"]
+                cell.paper = float(match.iloc[0]) if len(match) else None
             table.cells[row, task] = cell
-        if with_average:
-            parts = [table.cells[row, t] for t in tasks]
-            means = [c.mean for c in parts]
-            average = Cell(sum(means) / len(means), None, min(c.n for c in parts)) if None not in means else \
-                Cell(marker=next((c.marker for c in parts if c.marker and c.marker != NO_RUN), NO_RUN))
-            match = paper.query("model == @row and task == 'average'")["value"]
-            average.paper = float(match.iloc[0]) if len(match) and set(tasks) == set(PAPER_TASKS) else None
-            table.cells[row, "average"] = average
+    _compare(table, subset_of_size, keys)
+    covered = f" Avg.: the mean over {', '.join(TASK_HEADERS.get(t, t) for t in tasks)} ({len(tasks)} tasks)." \
+        if with_average else ""
+    paper_note = " Paper: its value for this size and task." if any(c.paper is not None for c in table.cells.values()) \
+        else ""
+    table.note = ("Metric per task: see ddl/eval/suites.py. SE: the item-level standard error of one run's score "
+                  f"(lm-eval's, else binomial), over that many items.{covered}{paper_note}")
     table.rank()
     return table
 

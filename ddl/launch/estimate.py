@@ -1,0 +1,61 @@
+"""What the dry run says a job costs: GPU-hours on an H100, and core-seconds where it trains on CPU.
+
+GPU: 6·N·D FLOPs at ddl.costs.ASSUMED_MFU of an H100's bf16 peak. CPU: the same FLOPs at a throughput
+measured on this project's reference CPU (below), plus the job's fixed costs; a sweep's wall
+time is its jobs scheduled longest first on the launcher's parallel slots.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from ..costs import gpu_hours, training_flops
+from ..model.config import param_count
+
+# Measured on the 2-vCPU AMD EPYC VM the project runs on (torch 2.13.0+cpu), at one thread, while
+# other jobs shared it (load average 5-9; per-token CPU time is likely pessimistic):
+# - `ddl-run model=tiny data=python_source residual=baseline` (train=cpu: 1024 tokens a step,
+#   T=128), process CPU time (user + sys) of a 230-step run minus a 30-step one: 1.63e-4 core-s a
+#   token, 6·N = 4.9 MFLOP a token;
+# - the arms against it, training steps in one process (time.process_time, two rounds): d_v=1
+#   1.02-1.16x, the d_v=4 rows (none, CC, EC, CC-EC) 1.07-1.43x.
+CPU_TRAIN_FLOPS = 3.0e10         # 6·N FLOPs per token per core-second, the baseline
+CPU_ARM_FACTOR = {"baseline": 1.0, "dv1": 1.1, "expanded": 1.3}   # core-seconds per token against the baseline
+CPU_JOB_SECONDS = 12.0           # per job: start-up (imports, data, MLflow run) and the final save
+CPU_EVAL_SECONDS = 15.0          # per evaluation (task@shots) of the offline task, lm-eval included
+
+
+@dataclass(frozen=True)
+class Cost:
+    params: int
+    tokens: int
+    gpu_hours: float                   # on an H100
+    cpu_seconds: float | None = None   # jobs that train on CPU: core-seconds
+
+
+def _arm(model) -> str:
+    return "baseline" if model.residual == "baseline" else "dv1" if model.dv == 1 else "expanded"
+
+
+def job_cost(job, gpus: int) -> Cost:
+    """The job's cost with `gpus` GPUs per job (0: it trains on CPU, as the local launcher's jobs do)."""
+    run = job.run
+    n_params, tokens = param_count(run.model), run.train.steps * run.train.batch_tokens
+    on_gpu = gpu_hours(n_params, tokens)
+    if gpus and run.train.device != "cpu":
+        return Cost(n_params, tokens, on_gpu)
+    validations = run.train.steps // run.train.eval_every + 1
+    flops = training_flops(n_params, tokens) + training_flops(n_params, validations * run.train.eval_tokens) / 3
+    seconds = flops / CPU_TRAIN_FLOPS * CPU_ARM_FACTOR[_arm(run.model)]   # a forward pass is a third of a step
+    fixed = CPU_JOB_SECONDS + CPU_EVAL_SECONDS * len(job.evaluation.evaluations())
+    return Cost(n_params, tokens, on_gpu, seconds + fixed)
+
+
+def wall_seconds(core_seconds: list[float], slots: int, threads: int) -> float:
+    """Jobs started longest first on `slots` parallel slots of `threads` threads each (assumed to
+    scale linearly): when the last one ends."""
+    ends = [0.0] * max(1, slots)
+    for seconds in sorted(core_seconds, reverse=True):
+        heapq.heappush(ends, heapq.heappop(ends) + seconds / max(1, threads))
+    return max(ends)

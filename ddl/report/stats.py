@@ -1,0 +1,80 @@
+"""Seed statistics for the report: paired differences over seeds, their t intervals and verdicts.
+
+Pure functions over {seed: value} mappings. Two arms trained from the same seed see the same
+batches in the same order (the loader's seed), so what the data order adds to a loss cancels in
+their difference: the interval is a t interval over the per-seed differences (Student's t,
+n - 1 degrees of freedom, quantiles from scipy, a dependency of mlflow's as well). Differences
+without spread (a discrete score, say 77 items, that moved by the same items for every seed) give
+no interval: a zero-width t interval would claim a certainty the items do not have.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+CONFIDENCE = 0.95
+BETTER, WORSE, NOT_RESOLVED = "better", "worse", "not resolved"
+MAX_SEEDS = 1000   # seeds_to_resolve gives up beyond this
+SAME = 1e-9        # differences within this relative spread are one value (float rounding)
+
+
+def t_quantile(n: int, confidence: float = CONFIDENCE) -> float:
+    """The two-sided t quantile for a mean over n values (n - 1 degrees of freedom)."""
+    from scipy.stats import t
+    return float(t.ppf(0.5 + confidence / 2, n - 1))
+
+
+@dataclass(frozen=True)
+class Difference:
+    """arm - reference, paired by seed. low/high: the interval of the mean, None under two seeds
+    or without spread."""
+    n: int
+    mean: float
+    std: float | None
+    low: float | None
+    high: float | None
+    reference: float              # the reference's mean over the paired seeds
+
+    @property
+    def relative(self) -> float | None:
+        """The difference in percent of the reference's mean."""
+        return None if self.reference == 0 else 100.0 * self.mean / abs(self.reference)
+
+    @property
+    def resolved(self) -> bool:
+        return self.low is not None and (self.low > 0 or self.high < 0)
+
+    def verdict(self, higher_is_better: bool) -> str:
+        if not self.resolved:
+            return NOT_RESOLVED
+        return BETTER if (self.mean > 0) == higher_is_better else WORSE
+
+
+def paired(arm: Mapping, reference: Mapping, confidence: float = CONFIDENCE) -> Difference | None:
+    """The per-seed differences over the seeds both have; None when they share none."""
+    seeds = sorted(set(arm) & set(reference))
+    if not seeds:
+        return None
+    diffs = [arm[s] - reference[s] for s in seeds]
+    n, mean = len(diffs), sum(diffs) / len(diffs)
+    reference_mean = sum(reference[s] for s in seeds) / n
+    if n < 2:
+        return Difference(n, mean, None, None, None, reference_mean)
+    std = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+    if std <= SAME * max(1.0, *map(abs, diffs)):   # equal up to rounding: no spread
+        return Difference(n, mean, 0.0, None, None, reference_mean)
+    half = t_quantile(n, confidence) * std / math.sqrt(n)
+    return Difference(n, mean, std, mean - half, mean + half, reference_mean)
+
+
+def seeds_to_resolve(std: float, effect: float, confidence: float = CONFIDENCE) -> int | None:
+    """The fewest seeds whose interval half-width t * std / sqrt(n) is below |effect|, for
+    differences with this per-seed std; None without spread or effect, or beyond MAX_SEEDS."""
+    if effect == 0 or std == 0:
+        return None
+    for n in range(2, MAX_SEEDS + 1):
+        if t_quantile(n, confidence) * std / math.sqrt(n) < abs(effect):
+            return n
+    return None
