@@ -57,7 +57,8 @@ def import_reference(path: Path, variant: str, data: str, experiment: str, max_s
     checkpoint.save(run_dir, {"model": model.state_dict(), "run": run.to_dict(), "step": 0, "signature": signature,
                               "dataset": str(paths.data_dir() / data_cfg.dataset_name())}, keep=1)
     params = {**flatten({"model": run.effective_dict()["model"], "data": run.effective_dict()["data"]}),
-              "model.size": size_name(model.cfg), "model.row": row_name(model.cfg)}
+              "model.size": size_name(model.cfg), "model.row": row_name(model.cfg),
+              "seed": "imported"}      # one trained model; the report pairs imported runs with each other
     tags = {"ddl.imported_from": str(path.resolve()), "ddl.imported_sha256": digest, "ddl.launcher": "import",
             "ddl.tokenizer": data_cfg.tokenizer, "ddl.loss_unit": f"nats/token ({data_cfg.tokenizer})",
             "ddl.row": row_name(model.cfg), "ddl.sweep": experiment}
