@@ -37,3 +37,10 @@ def mlflow_runs(experiment: str):
     c = store.client()
     exp = c.get_experiment_by_name(experiment)
     return [] if exp is None else c.search_runs([exp.experiment_id])
+
+
+def logged_steps(run, keys=("train/loss", "val/loss")) -> tuple[list[int], ...]:
+    """The steps of the run's points for each key, sorted: a step logged twice shows twice."""
+    from ddl.track import store
+    c = store.client()
+    return tuple(sorted(m.step for m in c.get_metric_history(run.info.run_id, key)) for key in keys)

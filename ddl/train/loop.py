@@ -30,6 +30,10 @@ class NonFiniteLoss(RuntimeError):
 class Interrupted(RuntimeError):
     """A signal stopped the run after a checkpoint was written; the caller may requeue it."""
 
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
 
 @dataclass
 class RunResult:
@@ -96,7 +100,7 @@ class _DeferredSignals:
         previous = self._previous.get(signum, signal.SIG_DFL)
         self.__exit__()
         if not callable(previous):
-            raise Interrupted(f"stopped by {signal.Signals(signum).name} at step {step}; checkpoint {path}")
+            raise Interrupted(f"stopped by {signal.Signals(signum).name} at step {step}; checkpoint {path}", signum)
         previous(signum, None)          # may requeue+exit (submitit) or raise KeyboardInterrupt
         if signum == signal.SIGTERM:    # a scheduler's kill follows SIGTERM: leave on our checkpoint
             raise SystemExit(128 + signum)
@@ -131,8 +135,10 @@ class Trainer:
     """One run in named steps (as torchtitan's trainer reads): setup, resume, train_step, validate,
     checkpoint, teardown. `fit()` runs the loop; `train()` is the one-call form."""
 
-    def __init__(self, run: RunConfig, run_dir: Path, logger: MetricLogger, signature: str,
+    def __init__(self, run: RunConfig, run_dir: Path, logger: MetricLogger | None, signature: str,
                  data_root: Path | None = None):
+        """Sets up and resumes; `logger` may be given later (a job opens its MLflow run knowing the
+        step it resumes from), before fit()."""
         self.run, self.cfg, self.run_dir, self.logger, self.signature = run, run.train, Path(run_dir), logger, signature
         self._setup_device()
         self._setup_data(data_root)
@@ -176,11 +182,12 @@ class Trainer:
 
     # -- checkpoints --------------------------------------------------------------------------
     def resume(self) -> Path | None:
-        """Continue from the run directory's newest checkpoint, if it is this run's."""
-        found = checkpoint.latest(self.run_dir)
-        if found is None:
+        """Continue from the run directory's newest intact checkpoint, if it is this run's (a damaged
+        one is reported and set aside)."""
+        intact = checkpoint.newest_intact(self.run_dir, map_location=self.device)
+        if intact is None:
             return None
-        state = checkpoint.load(found, map_location=self.device)
+        found, state = intact
         if state["signature"] != self.signature:
             raise ValueError(f"run_dir={str(self.run_dir)!r}: holds checkpoints of run {state['signature']}, "
                              f"not {self.signature}; refusing to mix runs")
@@ -199,8 +206,11 @@ class Trainer:
                 "loader": loader_state, "rng": checkpoint.rng_state(self.device)}
 
     def save(self, at_step: int, loader_state: dict) -> Path | None:
+        """Rank 0: the metrics logged so far reach their store, then the checkpoint is written, so a run
+        killed at any moment and resumed from it neither loses nor repeats a logged step."""
         if not self.info.is_main:
             return None
+        self.logger.flush()
         return checkpoint.save(self.run_dir, self.checkpoint_state(at_step, loader_state), self.cfg.keep_checkpoints)
 
     # -- one step, validation -----------------------------------------------------------------
