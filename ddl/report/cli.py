@@ -13,7 +13,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--experiment", nargs="+", help="MLflow experiments (default: every one with ddl runs)")
     parser.add_argument("--out", type=Path, default=None, help="report root (default: reports/ of the checkout)")
     args = parser.parse_args(argv)
+    try:
+        return _report(args.experiment, args.out)
+    except (ValueError, OSError) as err:   # a bad name or --out, a store that cannot be read
+        detail = f"{err.filename}: {err.strerror}" if isinstance(err, OSError) and err.strerror else err
+        print(f"ddl-report: error: {detail}")
+        return 2
 
+
+def _report(names: list[str] | None, out: Path | None) -> int:
     from rich.console import Console
     from rich.table import Table as RichTable
 
@@ -22,7 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     from .render import ours_text
     from .tables import row_label
 
-    experiments = args.experiment or ddl_experiments()
+    from ..validation import safe_name
+
+    if names:
+        experiments = [safe_name("--experiment", name) for name in names]
+    else:
+        experiments = [name for name in ddl_experiments() if _reportable(name)]
     if not experiments:
         print(f"ddl-report: no ddl runs in {paths.tracking_uri()}; run `ddl-run` or `make demo` first")
         return 1
@@ -33,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ddl-report: error: experiment={experiment!r}: no ddl runs there")
             return 2
         histories = load_histories(list(runs["run_id"]), ["train/loss", "val/loss"])
-        report = build(experiment, runs, histories, args.out or paths.reports_dir())
+        report = build(experiment, runs, histories, out or paths.reports_dir())
         loss = report.tables[0]
         summary = RichTable(title=f"{experiment}: final validation loss ({report.unit})")
         summary.add_column("model")
@@ -47,3 +60,14 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"report: {report.path / 'index.html'}  ({len(report.tables)} tables, "
                       f"{len(list(report.path.glob('figure2_*')))} figures)")
     return 0
+
+
+def _reportable(name: str) -> bool:
+    """An experiment whose name can be a folder of its own; the others are named and left out."""
+    from ..validation import safe_name
+    try:
+        safe_name("experiment", name)
+        return True
+    except ValueError as err:
+        print(f"ddl-report: skipped: {err}")
+        return False
