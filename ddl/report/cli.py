@@ -25,24 +25,22 @@ def _report(names: list[str] | None, out: Path | None) -> int:
     from rich.console import Console
     from rich.table import Table as RichTable
 
+    from ..track import store
     from ..track.query import ddl_experiments, load_histories, load_runs
+    from ..validation import safe_name
     from .build import build
     from .render import ours_text
     from .tables import row_label
 
-    from ..validation import safe_name
-
-    if names:
-        experiments = [safe_name("--experiment", name) for name in names]
-    else:
-        experiments = [name for name in ddl_experiments() if _reportable(name)]
+    names = [safe_name("--experiment", name) for name in names or []]
+    experiments = names or ([name for name in ddl_experiments() if _reportable(name)] if store.exists() else [])
     if not experiments:
         print(f"ddl-report: no ddl runs in {paths.tracking_uri()}; run `ddl-run` or `make demo` first")
         return 1
     console = Console()
     for experiment in experiments:
-        runs = load_runs(experiment)
-        if runs.empty:
+        runs = load_runs(experiment) if store.exists() else None     # reading creates no store
+        if runs is None or runs.empty:
             print(f"ddl-report: error: experiment={experiment!r}: no ddl runs there")
             return 2
         histories = load_histories(list(runs["run_id"]), ["train/loss", "val/loss"])

@@ -81,6 +81,13 @@ def _open_store(uri: str) -> None:
         raise StoreError(f"tracking store {db}: {type(err).__name__}: {_first_line(err)}") from None
 
 
+def exists() -> bool:
+    """False while the project's SQLite store has not been created: a command that only reads then has
+    nothing to read, and creates nothing."""
+    uri = paths.tracking_uri()
+    return not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).is_file()
+
+
 def _first_line(err: BaseException) -> str:
     return next((line.strip() for line in str(err).splitlines() if line.strip()), "no detail")
 
