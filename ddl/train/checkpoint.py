@@ -66,6 +66,34 @@ def digest(state, h=None) -> str:
     return h.hexdigest()
 
 
+class _WriteErrors:
+    """A file that keeps the OSError of a failed write (a full disk): torch.save reports it only as its
+    zip writer's RuntimeError ("unexpected pos")."""
+
+    def __init__(self, file):
+        self.file, self.error = file, None
+
+    def write(self, data) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def _torch_save(state: dict, file) -> None:
+    out = _WriteErrors(file)
+    try:
+        torch.save(state, out)
+    except RuntimeError:
+        if out.error is None:
+            raise
+        raise OSError(out.error.errno, out.error.strerror, getattr(file, "name", None)) from None
+
+
 def save(run_dir: Path, state: dict, keep: int) -> Path:
     """Write step_<n>.pt (with its checksum) via temp file, fsync and rename, then drop all but the
     newest `keep`: the older ones go only once the new one is on disk (a node crash leaves a whole
@@ -74,7 +102,7 @@ def save(run_dir: Path, state: dict, keep: int) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"step_{state['step']:08d}.pt"
     signed = {**state, CHECKSUM: digest(state)}
-    paths.write_atomic(path, lambda f: torch.save(signed, f), durable=True)
+    paths.write_atomic(path, lambda f: _torch_save(signed, f), durable=True)
     for old in sorted(directory.glob(PATTERN))[:-keep]:
         old.unlink()
     return path

@@ -19,6 +19,7 @@ from . import checkpoint
 from .config import RunConfig, TrainConfig
 from .distributed import DistInfo, all_reduce_mean, any_rank_signal, cpu_threads, init_distributed, keep_freed_memory
 from .loggers import MetricLogger
+from .signals import DeferredSignals
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -66,7 +67,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-class _DeferredSignals:
+class _DeferredSignals(DeferredSignals):
     """Turn SIGINT/SIGTERM/SIGUSR1/SIGUSR2 into a flag read at step boundaries (a signal the
     process was started ignoring stays ignored).
 
@@ -78,23 +79,7 @@ class _DeferredSignals:
     """
 
     def __init__(self):
-        self.received: int | None = None
-        self._previous: dict[int, object] = {}
-
-    def __enter__(self):
-        with contextlib.suppress(ValueError):  # only the main thread may install handlers
-            for sig in HANDLED_SIGNALS:
-                if signal.getsignal(sig) != signal.SIG_IGN:
-                    self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.received = signum
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
+        super().__init__(HANDLED_SIGNALS)
 
     def hand_over(self, signum: int, step: int, path: Path) -> None:
         previous = self._previous.get(signum, signal.SIG_DFL)
