@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH_CPU := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint report ui bench clean-runs
+.PHONY: install demo test lint report ui bench reliability clean-runs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ ui: install
 # The cost of the Delta residual against the baseline (same-process ratios) and of the orchestrator.
 bench: install
 	$(BIN)/python -m ddl.bench
+
+# Bad inputs and damaged files against a scratch DDL_HOME: the table of docs/reliability.md.
+reliability: install
+	$(BIN)/python scripts/hostile-inputs
 
 clean-runs:
 	rm -rf .ddl reports/*/
