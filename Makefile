@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH_CPU := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint report ui bench gpu-check clean-runs
+.PHONY: install demo test lint report ui bench gpu-check reliability clean-runs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ bench: install
 # run per arm, the bench's CUDA half; reports/gpu-check/. Without one: one line, exit 0.
 gpu-check: install
 	$(BIN)/python -m ddl.gpu_check
+
+# Bad inputs and damaged files against a scratch DDL_HOME: the table of docs/reliability.md.
+reliability: install
+	$(BIN)/python scripts/hostile-inputs
 
 clean-runs:
 	rm -rf .ddl reports/*/

@@ -19,6 +19,9 @@ def _one_line(err: BaseException) -> str:
         options = re.findall(r"^\t(\S+)$", text, flags=re.M)
         allowed = f"must be one of {', '.join(options)}" if options else "no such option"
         return f"{group.split('/')[-1]}={option}: {allowed}"
+    resolver = re.search(r"raised while resolving interpolation: (.+)", text)   # ${folder_name:...}
+    if resolver:
+        return resolver.group(1).strip()
     override = re.search(r"Could not override '([^']+)'", text)
     if override:
         from .launch.spec import unknown_key
@@ -49,10 +52,25 @@ def run_main() -> None:
     except (HydraException, OmegaConfBaseException) as err:
         print(f"ddl-run: error: {_one_line(err)}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print("ddl-run: stopped by SIGINT (its run, if one was opened, is KILLED); run the same command to resume "
+              "from the last checkpoint", file=sys.stderr)
+        sys.exit(130)
     except Exception as err:
-        from .launch.launcher import SweepFailed
+        from .launch.launcher import SweepFailed, SweepInterrupted
+        from .train import Interrupted
         if isinstance(err, SweepFailed):
             print(f"ddl-run: {err}", file=sys.stderr)
+            sys.exit(1)
+        if isinstance(err, SweepInterrupted):
+            print(f"ddl-run: {err}", file=sys.stderr)
+            sys.exit(128 + err.signum)
+        if isinstance(err, Interrupted):
+            print(f"ddl-run: {err}; the run is KILLED: run the same command to resume", file=sys.stderr)
+            sys.exit(128 + err.signum)
+        if isinstance(err, OSError):    # a full disk, a read-only DDL_HOME: the environment, not the code
+            where = f"{err.filename}: " if err.filename else ""
+            print(f"ddl-run: error: {where}{err.strerror or err}", file=sys.stderr)
             sys.exit(1)
         raise
 

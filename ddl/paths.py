@@ -62,14 +62,19 @@ def reports_dir() -> Path:
 def write_atomic(path: Path, data: bytes | str | Callable[[BinaryIO], object], durable: bool = False) -> None:
     """Write through a temp file and a rename: a reader sees the old file or the new one, never a
     torn one. `data` is the content, or a function that writes it to the open file (torch.save).
-    `durable` also fsyncs, so the new content survives a machine crash (shards, checkpoints)."""
+    `durable` also fsyncs, so the new content survives a machine crash (shards, checkpoints).
+    A failed write (a full disk) removes its temp file and leaves the old file as it was."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        if callable(data):
-            data(f)
-        else:
-            f.write(data.encode() if isinstance(data, str) else data)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data.encode() if isinstance(data, str) else data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

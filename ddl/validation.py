@@ -5,7 +5,20 @@ Pure Python (no torch, nothing else from ddl), so every config module, ddl.model
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Callable, NoReturn
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+NAME_MAX = 64
+NAME_RULE = (f"must be a non-empty name of at most {NAME_MAX} letters, digits, '.', '_' or '-', starting with a "
+             f"letter or digit")
+
+
+def shown(value, width: int = 60) -> str:
+    """repr(value), cut to `width` characters: an error stays one readable line whatever it quotes."""
+    text = repr(value)
+    return text if len(text) <= width else f"{text[:width]}...({len(text)} characters)"
 
 
 def failure(group: str = "") -> Callable[[str, object, str], NoReturn]:
@@ -14,7 +27,7 @@ def failure(group: str = "") -> Callable[[str, object, str], NoReturn]:
     prefix = f"{group}." if group else ""
 
     def fail(key: str, value, allowed: str) -> NoReturn:
-        raise ValueError(f"{prefix}{key}={value!r}: {allowed}")
+        raise ValueError(f"{prefix}{key}={shown(value)}: {allowed}")
     return fail
 
 
@@ -26,3 +39,18 @@ def is_int(value) -> bool:
 def is_number(value) -> bool:
     """An int or a float that is not a bool."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_finite(value) -> bool:
+    """A number that is neither nan nor infinite."""
+    return is_number(value) and math.isfinite(value)
+
+
+def safe_name(key: str, value) -> str:
+    """A name that becomes a directory (reports/<name>, sweeps/<name>) or a line of a job script: a
+    safe character set and length, so it can neither leave its folder nor start a new line."""
+    if is_int(value):
+        value = str(value)
+    if not isinstance(value, str) or len(value) > NAME_MAX or not NAME.fullmatch(value):
+        raise ValueError(f"{key}={shown(value)}: {NAME_RULE}")
+    return value

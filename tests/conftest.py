@@ -242,3 +242,10 @@ def system_slurm_decoys(tmp_path_factory):
             if created_dir:
                 with contextlib.suppress(OSError):
                     conf.parent.rmdir()
+
+
+def logged_steps(run, keys=("train/loss", "val/loss")) -> tuple[list[int], ...]:
+    """The steps of the run's points for each key, sorted: a step logged twice shows twice."""
+    from ddl.track import store
+    c = store.client()
+    return tuple(sorted(m.step for m in c.get_metric_history(run.info.run_id, key)) for key in keys)

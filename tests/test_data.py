@@ -37,7 +37,7 @@ def test_corrupt_shard_is_detected(tmp_path):
     data = bytearray(shard.read_bytes())
     data[10] ^= 1
     shard.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="val_0000.bin is corrupt"):
+    with pytest.raises(ValueError, match="shard val_0000.bin is damaged: its sha256"):
         ds.verify()
 
 

@@ -20,6 +20,9 @@ class Quiet:
     def log_metrics(self, metrics, step):
         pass
 
+    def flush(self):
+        pass
+
     def close(self):
         pass
 

@@ -25,6 +25,9 @@ class Recorder:
     def log_metrics(self, metrics, step):
         self.rows.append((step, dict(metrics)))
 
+    def flush(self):
+        pass
+
     def close(self):
         pass
 

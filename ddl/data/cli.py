@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"ddl-data: error: {err}")
         return 2
+    except OSError as err:   # a read-only or full DDL_HOME, an unreadable input file
+        print(f"ddl-data: error: {err.filename or paths.data_dir()}: {err.strerror or err}")
+        return 1
     if existed and not args.force:
         print(f"already prepared (use --force to rebuild): {path}")
     m = open_dataset(path).manifest

@@ -26,6 +26,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from .. import paths
+from ..validation import is_int
 from .config import DataConfig
 from .sources import documents, is_val
 from .tokenizers import BPETokenizer, Tokenizer, load_tokenizer
@@ -33,6 +34,7 @@ from .tokenizers import BPETokenizer, Tokenizer, load_tokenizer
 FORMAT = 1
 MANIFEST = "manifest.json"
 PROGRESS = "progress.json"
+VERIFIED = "verified.json"   # shard -> (size, mtime) whose sha256 matched the manifest's
 SHARD_TOKENS = 1 << 24  # 32 MiB of uint16 per shard
 SPLITS = ("train", "val")
 BPE_BYTES_PER_TOKEN = 4   # about what a BPE token of English text holds
@@ -140,12 +142,20 @@ def prepare(cfg: DataConfig, root: Path | None = None, force: bool = False, prog
     name = cfg.dataset_name()
     final, work = root / name, root / f"{name}.partial"
     with _locked(root / f"{name}.lock"):
-        if (final / MANIFEST).is_file():
+        if (final / MANIFEST).is_file() and not force:
+            return final
+        if final.exists():
             if not force:
-                return final
+                raise ValueError(f"dataset {final}: damaged (no {MANIFEST}); rebuild it with `ddl-data prepare --force`")
             shutil.rmtree(final)
+        fresh = not work.exists()
         work.mkdir(exist_ok=True)
-        built = _build(cfg, work, progress)
+        try:
+            built = _build(cfg, work, progress)
+        except ValueError:          # bad input: nothing worth resuming
+            if fresh:
+                shutil.rmtree(work)
+            raise
         manifest = {
             "format": FORMAT, "name": name, "dtype": "uint16", "created": datetime.now(timezone.utc).isoformat(),
             "source": cfg.source_params(), **built,
@@ -186,24 +196,61 @@ class TokenDataset:
     def tokenizer(self) -> Tokenizer:
         return load_tokenizer(self.manifest["tokenizer"]["name"], self.path)
 
-    def verify(self) -> None:
+    def verify(self, full: bool = False) -> None:
+        """Every shard has its manifest's size, and its sha256 once per version of the file: a shard
+        whose (size, mtime) was hashed before, in any process, is not hashed again unless `full`."""
+        try:
+            seen = {} if full else json.loads((self.path / VERIFIED).read_text())
+        except (OSError, ValueError):
+            seen = {}
+        verified = {}
         for split in SPLITS:
             for shard in self.manifest["splits"][split]["shards"]:
-                digest = hashlib.sha256((self.path / shard["file"]).read_bytes()).hexdigest()
-                if digest != shard["sha256"]:
-                    raise ValueError(f"dataset {self.path}: shard {shard['file']} is corrupt (sha256 mismatch); "
-                                     "rebuild it with `ddl-data prepare --force`")
+                file = self.path / shard["file"]
+                problem = f"dataset {self.path}: shard {shard['file']} is damaged"
+                remedy = "rebuild it with `ddl-data prepare --force` (same source and tokenizer)"
+                try:
+                    stat = file.stat()
+                except OSError:
+                    raise ValueError(f"{problem}: missing; {remedy}") from None
+                if stat.st_size != 2 * shard["tokens"]:
+                    raise ValueError(f"{problem}: {stat.st_size} bytes, the manifest says {2 * shard['tokens']}; "
+                                     f"{remedy}")
+                version = [stat.st_size, stat.st_mtime_ns]
+                if seen.get(shard["file"]) != version:
+                    if hashlib.sha256(file.read_bytes()).hexdigest() != shard["sha256"]:
+                        raise ValueError(f"{problem}: its sha256 is not the manifest's; {remedy}")
+                verified[shard["file"]] = version
+        if verified != seen:
+            with contextlib.suppress(OSError):   # a read-only dataset is verified again next time
+                paths.write_atomic(self.path / VERIFIED, json.dumps(verified))
+
+
+_verified_in_this_process: set[Path] = set()
 
 
 def open_dataset(path: Path) -> TokenDataset:
+    """The finished dataset at `path`, its shards verified (once per process); one-line ValueErrors."""
     path = Path(path)
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         raise ValueError(f"dataset={str(path)!r}: not a finished dataset (no {MANIFEST}); run `ddl-data prepare`")
-    manifest = json.loads(manifest_path.read_text())
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"dataset={str(path)!r}: manifest format {manifest.get('format')}, expected {FORMAT}")
-    return TokenDataset(path, manifest)
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        if manifest.get("format") != FORMAT:
+            raise ValueError(f"format {manifest.get('format')}, expected {FORMAT}")
+        shards = [s for split in SPLITS for s in manifest["splits"][split]["shards"]]
+        if not all(isinstance(s.get("file"), str) and "/" not in s["file"] and is_int(s.get("tokens"))
+                   for s in shards):
+            raise ValueError("a shard entry without its file name or token count")
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"dataset={str(path)!r}: {MANIFEST} is damaged ({type(err).__name__}: {err}); "
+                         f"rebuild it with `ddl-data prepare --force`") from None
+    dataset = TokenDataset(path, manifest)
+    if path.resolve() not in _verified_in_this_process:
+        dataset.verify()
+        _verified_in_this_process.add(path.resolve())
+    return dataset
 
 
 def _unigram_cross_entropy(directory: Path, manifest: dict) -> float:

@@ -53,20 +53,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.target == "download":
         return _download(args.tasks or list(PAPER_TASKS))
+    from .config import EvalConfig
+    try:   # the flags are checked as a run's eval group is
+        spec = EvalConfig(tuple(args.tasks or [OFFLINE_TASK]), tuple(args.shots), args.batch_size, args.limit)
+    except ValueError as err:
+        print(f"ddl-eval: error: {err}")
+        return 2
     import torch
     from .harness import evaluate
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    from ..track import store
     try:
         target = _resolve(args.target)
-        result = evaluate(target, args.tasks or [OFFLINE_TASK], args.shots, batch_size=args.batch_size,
-                          limit=args.limit, device=device)
+        store.client()                   # a store that cannot take the scores fails before the evaluation
+        result = evaluate(target, list(spec.tasks), list(spec.shots), batch_size=spec.batch_size, limit=spec.limit,
+                          device=device)
     except ValueError as err:
         print(f"ddl-eval: error: {err}")
         return 2
     for key, value in sorted(result.scores.items()):
         print(f"{key:<48} {value:.4f}")
     from ..train.checkpoint import load_checkpoint_model
-    from ..track import store
     signature = load_checkpoint_model(target)[1]["signature"]
     logged = store.log_evaluation(signature, result.scores, result.results_json)
     print(f"logged to MLflow run(s): {', '.join(logged)}" if logged else "no MLflow run has this signature; not logged")

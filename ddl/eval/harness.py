@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -43,6 +44,7 @@ def offline_hub() -> None:
         datasets.config.HF_DATASETS_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
 
 
+@functools.cache
 def task_manager():
     from lm_eval.tasks import TaskManager
     from .offline_task import ensure_task_dir
@@ -57,6 +59,14 @@ def check_known(tasks: list[str], manager) -> None:
             near = difflib.get_close_matches(task, manager.all_tasks, n=3)
             raise TaskUnavailable(f"eval.tasks={task!r}: not an lm-eval task" + (f"; did you mean {', '.join(near)}?"
                                                                                   if near else ""))
+
+
+def check_tasks(tasks) -> None:
+    """Every task name is one lm-eval knows, checked before anything trains (indexing lm-eval's tasks
+    takes seconds, so the offline task, always known, skips it)."""
+    hub_tasks = [t for t in tasks if t != OFFLINE_TASK]
+    if hub_tasks:
+        check_known(hub_tasks, task_manager())
 
 
 def load_tasks(tasks: list[str], manager):

@@ -36,11 +36,13 @@ def sweeps_dir() -> Path:
 
 def register() -> None:
     """Named sweeps -> ConfigStore group `sweep` (global package); resolvers `${ddl_home:}` (Hydra's
-    dirs) and `${one_task_per_gpu:N}` (SLURM tasks per node: one per GPU, at least one)."""
+    dirs), `${folder_name:NAME}` (the experiment checked before Hydra makes a folder of it) and
+    `${one_task_per_gpu:N}` (SLURM tasks per node: one per GPU, at least one)."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
     from .. import paths
+    from ..validation import safe_name
 
     store = ConfigStore.instance()
     for path in sorted(sweeps_dir().glob("*.yaml")):
@@ -50,6 +52,7 @@ def register() -> None:
     if not OmegaConf.has_resolver("ddl_home"):
         OmegaConf.register_new_resolver("ddl_home", lambda: str(paths.home()))
         OmegaConf.register_new_resolver("one_task_per_gpu", lambda gpus: max(1, int(gpus or 0)))
+        OmegaConf.register_new_resolver("folder_name", lambda name: safe_name("experiment", name))
 
 
 def launcher_schemas() -> dict[str, type]:

@@ -7,8 +7,10 @@ Only rank 0 talks to MLflow and writes status; every rank trains.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import signal
 import socket
 import subprocess
 
@@ -57,25 +59,41 @@ def _tags(job: Job, launcher: str) -> dict:
 
 
 def run_task(cfg: DictConfig) -> dict:
-    """The job's steps: skip if done -> open its MLflow run -> train -> evaluate -> close the run."""
+    """The job's steps: claim the signature -> skip if done -> set up and resume training -> open its
+    MLflow run -> train -> evaluate -> close the run. Every error before training starts is one line,
+    and leaves no run. A signature another process is working on is left to it."""
     job = Job.from_config(cfg)
     run_dir = paths.runs_dir() / job.signature
     launcher = _join_submitit_ddp()
     is_main = os.environ.get("RANK", "0") == "0"
-    done = status.finished_in(run_dir, job.experiment, job.evaluation.evaluations())
+    try:
+        with status.claim(run_dir) if is_main else contextlib.nullcontext():
+            return _run_claimed(cfg, job, run_dir, launcher, is_main)
+    except status.RunningElsewhere as err:
+        print(f"{job.name} [{job.signature}]: {err}; left to it")
+        return {"signature": job.signature, "status": status.ELSEWHERE, "detail": str(err)}
+
+
+def _run_claimed(cfg: DictConfig, job: Job, run_dir, launcher: str, is_main: bool) -> dict:
+    from ..track import store
+    try:
+        if is_main:
+            store.check()
+        done = status.finished_in(run_dir, job.experiment, job.evaluation.evaluations())
+    except ValueError as err:   # the store cannot be used
+        raise ConfigError(str(err)) from None
     if done:
         print(f"{job.name} [{job.signature}]: already finished in '{job.experiment}' (MLflow run {done['run_id']}); "
               f"skipped")
         return {"signature": job.signature, "status": "skipped", **done}
-    from ..train import train
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    run_id = _open_run(job, run_dir, launcher) if is_main else None
+    trainer = _set_up(job, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)   # other ranks write their log there too
+    run_id = _open_run(job, run_dir, launcher, trainer.step) if is_main else None
     log_path = run_dir / "train.log"
     with open(log_path, "a", encoding="utf-8") as log_file:
-        logger = _loggers(job, run_dir, run_id, log_file)
+        trainer.logger = logger = _loggers(job, run_dir, run_id, log_file)
         try:
-            result = train(job.run, run_dir, logger, job.signature)
+            result = trainer.fit()
             logger.close()
             outcome = Outcome(cfg, dict(result.final))
             if is_main:
@@ -84,17 +102,32 @@ def run_task(cfg: DictConfig) -> dict:
                   f"{result.seconds:.0f} s)")
             return {"signature": job.signature, "status": "finished", "run_id": run_id, "final": outcome.final}
         except BaseException as err:
-            logger.close()
-            if is_main and not isinstance(err, SystemExit):  # SystemExit: submitit requeues after our checkpoint
-                _close_interrupted(run_dir, run_id, err, log_path)
+            with _signals_held():
+                logger.close()
+                if is_main and not (isinstance(err, SystemExit) and launcher == "slurm"):  # SLURM requeues it
+                    _close_interrupted(run_dir, run_id, err, log_path)
             raise
 
 
-def _open_run(job: Job, run_dir, launcher: str) -> str:
-    """The job's MLflow run (reopened by signature when it exists) and its status file."""
+def _set_up(job: Job, run_dir):
+    """The trainer, set up (device, data, model) and resumed from the newest intact checkpoint; what
+    fails here (no such device, a damaged dataset, a foreign checkpoint) is one line."""
+    from ..train import Trainer
+    try:
+        return Trainer(job.run, run_dir, None, job.signature)
+    except ValueError as err:
+        if (run_dir / status.FILE).is_file():   # a sweep's job: its table shows the reason
+            status.write(run_dir, state="failed", error=str(err))
+        raise ConfigError(str(err)) from None
+
+
+def _open_run(job: Job, run_dir, launcher: str, resume_step: int) -> str:
+    """The job's MLflow run (reopened by signature when its curves end where training resumes) and its
+    status file."""
     from ..track import store
     try:
-        run_id = store.open_run(job.experiment, job.signature, job.name, job.params(), _tags(job, launcher))
+        run_id = store.open_run(job.experiment, job.signature, job.name, job.params(), _tags(job, launcher),
+                                resume_step)
     except ValueError as err:   # a deleted experiment
         raise ConfigError(str(err)) from None
     status.write(run_dir, state="running", name=job.name, run_id=run_id, error=None)
@@ -172,11 +205,25 @@ def _log_dataset(run_id: str, dataset_dir: str) -> None:
                       {f"{split}_tokens": entry["tokens"] for split, entry in splits.items()})
 
 
+@contextlib.contextmanager
+def _signals_held():
+    """A second Ctrl-C or SIGTERM (a sweep's controller forwards one) waits until the run is closed."""
+    held = {}
+    with contextlib.suppress(ValueError):   # only the main thread may install handlers
+        held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+
+
 def _close_interrupted(run_dir, run_id: str, err: BaseException, log_path) -> None:
-    """The run ends KILLED (Ctrl-C) or FAILED with the error's first line."""
+    """The run ends KILLED (a signal: Ctrl-C, SIGTERM) or FAILED with the error's first line."""
     from ..track import store
+    from ..train import Interrupted
     first_line = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}".rstrip(": ")
-    state = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
+    state = "KILLED" if isinstance(err, (KeyboardInterrupt, SystemExit, Interrupted)) else "FAILED"
     store.close_run(run_id, state, files=[log_path], error=first_line)
     status.write(run_dir, state=state.lower(), error=first_line)
 

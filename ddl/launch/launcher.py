@@ -10,7 +10,9 @@ checkpoint found by its signature.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -22,6 +24,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmitit
 from omegaconf import OmegaConf
 
 from .. import paths
+from ..train.signals import DeferredSignals
 from . import status
 from .configs import ConfigError
 from .plan import Plan, make_plan
@@ -31,6 +34,14 @@ from .table import job_table, live_table, summary_table
 
 class SweepFailed(RuntimeError):
     """Some jobs failed; the summary has been printed."""
+
+
+class SweepInterrupted(RuntimeError):
+    """Ctrl-C or SIGTERM stopped the sweep: its running jobs ended KILLED; the summary has been printed."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}; its jobs resume when it is run again")
+        self.signum = signum
 
 
 class SweepLauncher(BaseSubmititLauncher):
@@ -64,23 +75,33 @@ class SweepLauncher(BaseSubmititLauncher):
         return n_jobs
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        for key, value in self.params.items():   # each one may become a line of a job script
+            if isinstance(value, str) and not value.isprintable():
+                raise ConfigError(f"hydra.launcher.{key}={value!r}: must be printable, on one line")
         plan = self.plan(job_overrides)
         print(plan.headline())
         if self.config.dry_run:
             job_table(plan.jobs, self.params.get("gpus_per_node") or 0, self.bound(len(plan.jobs)),
                       self.params.get("cpus_per_task") or 1).print()
             return []
-        skipped = plan.finished()
-        todo = [j for j in plan.jobs if j.signature not in skipped]
         self.prepare_store({j.experiment for j in plan.jobs})
+        skipped = plan.finished()
+        elsewhere = {j.signature: holder for j in plan.jobs if j.signature not in skipped
+                     and (holder := status.holder(paths.runs_dir() / j.signature))}
+        todo = [j for j in plan.jobs if j.signature not in skipped and j.signature not in elsewhere]
         os.environ.setdefault("DDL_CPUS", str(self.params.get("cpus_per_task") or 1))
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-        outcomes = self.run_jobs(todo, initial_job_idx) if todo else {}
+        with DeferredSignals((signal.SIGINT, signal.SIGTERM)) as stop:   # stop the jobs, then print the summary
+            outcomes = self.run_jobs(todo, initial_job_idx, stop) if todo else {}
+        outcomes.update({sig: (status.ELSEWHERE, f"{who}; not started here", None) for sig, who in elsewhere.items()})
         rows = [(j, "skipped", f"finished before: MLflow run {skipped[j.signature]['run_id']}")
                 if j.signature in skipped else (j, *outcomes[j.signature][:2]) for j in plan.jobs]
         summary_table(rows).print()
-        if any(state != "finished" and state != "skipped" for _, state, _ in rows):
-            raise SweepFailed(f"{sum(s not in ('finished', 'skipped') for _, s, _ in rows)} of {len(rows)} jobs failed")
+        if stop.received:
+            raise SweepInterrupted(stop.received)
+        failed = sum(state not in ("finished", "skipped", status.ELSEWHERE) for _, state, _ in rows)
+        if failed:
+            raise SweepFailed(f"{failed} of {len(rows)} jobs failed")
         return [outcomes[j.signature][2] for j in todo]
 
     @staticmethod
@@ -93,7 +114,9 @@ class SweepLauncher(BaseSubmititLauncher):
             except ValueError as err:
                 raise ConfigError(str(err)) from None
 
-    def run_jobs(self, jobs: list[Job], first_idx: int) -> dict[str, tuple[str, str, JobReturn | None]]:
+    def run_jobs(self, jobs: list[Job], first_idx: int, stop: DeferredSignals) -> dict[str, tuple[str, str, Any]]:
+        """Submit the jobs (at most `limit` at once) and wait for them. On a stop request nothing more
+        is submitted, and local jobs get SIGTERM (they checkpoint and end KILLED); cluster jobs go on."""
         executor = self.executor()
         pending = list(enumerate(jobs, start=first_idx))
         running: dict[str, Any] = {}
@@ -104,10 +127,19 @@ class SweepLauncher(BaseSubmititLauncher):
                          steps=job.run.train.steps, error=None)
         with live_table(jobs) as refresh:
             while pending or running:
+                if stop.received:
+                    outcomes.update({job.signature: ("not started", "the sweep was stopped first", None)
+                                     for _, job in pending})
+                    pending = []
+                    for signature, handle in list(running.items()):
+                        if not self._stop_local_job(handle):
+                            outcomes[signature] = ("left running", f"on the cluster as job {handle.job_id}", None)
+                            del running[signature]
                 while pending and len(running) < limit:
                     idx, job = pending.pop(0)
-                    running[job.signature] = executor.submit(self, job.overrides, "hydra.sweep.dir", idx,
-                                                             f"job_id_for_{idx}", Singleton.get_state())
+                    with _children_ignore_sigint():
+                        running[job.signature] = executor.submit(self, job.overrides, "hydra.sweep.dir", idx,
+                                                                 f"job_id_for_{idx}", Singleton.get_state())
                 for signature, handle in list(running.items()):
                     if handle.done():
                         outcomes[signature] = self.outcome(handle, paths.runs_dir() / signature)
@@ -115,6 +147,16 @@ class SweepLauncher(BaseSubmititLauncher):
                 refresh({s: h.job_id for s, h in running.items()})
                 time.sleep(1.0)
         return outcomes
+
+    @staticmethod
+    def _stop_local_job(handle) -> bool:
+        """SIGTERM to a local job's controller, which passes it to its tasks; False for a cluster job."""
+        controller = getattr(handle, "_process", None)
+        if controller is None:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            controller.send_signal(signal.SIGTERM)
+        return True
 
     @staticmethod
     def outcome(handle, run_dir: Path) -> tuple[str, str, JobReturn | None]:
@@ -125,9 +167,25 @@ class SweepLauncher(BaseSubmititLauncher):
             result, error = None, err
         if result is not None and result.status != JobStatus.FAILED:
             value = result.return_value or {}
-            return value.get("status", "finished"), f"val/loss {value.get('final', {}).get('val/loss', float('nan')):.4f}", result
+            final = value.get("final")
+            detail = f"val/loss {final.get('val/loss', float('nan')):.4f}" if final else value.get("detail", "")
+            return value.get("status", "finished"), detail, result
         if error is None:
             error = result._return_value  # Hydra keeps the task's exception here
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-        recorded = status.read(run_dir).get("error") or (lines[-1] if lines else type(error).__name__)
-        return "failed", f"{recorded}  (log: {handle.paths.stderr})", result
+        recorded = status.read(run_dir)
+        detail = recorded.get("error") or (lines[-1] if lines else type(error).__name__)
+        state = "killed" if recorded.get("state") == "killed" else "failed"
+        return state, f"{detail}  (log: {handle.paths.stderr})", result
+
+
+@contextlib.contextmanager
+def _children_ignore_sigint():
+    """A job started here ignores Ctrl-C (an ignored signal is inherited): the terminal's SIGINT reaches
+    the whole process group, and submitit's local controller would SIGKILL its tasks a second later,
+    before they close their runs. The launcher itself stops them with SIGTERM instead."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -15,6 +15,7 @@ from ..eval.suites import OFFLINE_TASK
 from ..model import SIZES, ModelConfig, ddl_extra_params, model_config, param_count
 from ..model.config import DDL_KNOBS
 from ..train import RunConfig, TrainConfig
+from ..validation import safe_name
 from .configs import ConfigError
 
 # ddl-run's composed config: these keys and nothing else (an unknown one would be silently ignored).
@@ -75,8 +76,11 @@ def run_config(cfg: DictConfig) -> RunConfig:
 
 
 def eval_config(cfg: DictConfig) -> EvalConfig:
+    from ..eval.harness import check_tasks
     try:
-        return EvalConfig(**_group(cfg, "eval", EvalConfig))
+        evaluation = EvalConfig(**_group(cfg, "eval", EvalConfig))
+        check_tasks(evaluation.tasks)
+        return evaluation
     except ValueError as err:
         raise ConfigError(str(err)) from None
 
@@ -87,11 +91,10 @@ def experiment_name(cfg: DictConfig) -> str:
 
 
 def valid_experiment(name) -> str:
-    if isinstance(name, int) and not isinstance(name, bool):
-        name = str(name)
-    if not isinstance(name, str) or not name.strip() or "/" in name:
-        raise ConfigError(f"experiment={name!r}: must be a non-empty name without '/'")
-    return name
+    try:
+        return safe_name("experiment", name)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def row_name(model: ModelConfig) -> str:

@@ -5,7 +5,11 @@ Written atomically by the job's rank 0; readable the same way on a laptop or a s
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+import socket
 import time
 from pathlib import Path
 
@@ -13,6 +17,54 @@ from .. import paths
 
 FILE = "status.json"
 DONE = "done.json"
+LOCK = "lock"
+ELSEWHERE = "running elsewhere"
+
+
+class RunningElsewhere(RuntimeError):
+    """Another process holds the signature's lock: it is training (or evaluating) this run now."""
+
+
+@contextlib.contextmanager
+def claim(run_dir: Path):
+    """Hold runs/<sig>/lock while this process works on the run: an flock, which the OS releases when
+    the holder exits or dies (SIGKILL included), as a SLURM job's claim ends with the job.
+    RunningElsewhere names the holder when another process has it. A folder this claim created and
+    nothing else wrote to (the job stopped at a one-line error) goes with it."""
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with _locked(run_dir) as handle:
+            yield handle
+    finally:
+        if created and os.listdir(run_dir) == [LOCK]:
+            (run_dir / LOCK).unlink()
+            run_dir.rmdir()
+
+
+@contextlib.contextmanager
+def _locked(run_dir: Path):
+    with open(run_dir / LOCK, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            raise RunningElsewhere(f"{ELSEWHERE}: {handle.read().strip() or 'another process'}") from None
+        handle.truncate(0)
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        handle.flush()
+        yield handle
+
+
+def holder(run_dir: Path) -> str | None:
+    """Who holds the run's lock now ("pid N on host"), or None when no one does."""
+    if not (run_dir / LOCK).is_file():
+        return None
+    try:
+        with _locked(run_dir):
+            return None
+    except RunningElsewhere as err:
+        return str(err).removeprefix(f"{ELSEWHERE}: ")
 
 
 def write(run_dir: Path, **fields) -> None:
@@ -31,12 +83,20 @@ def read(run_dir: Path) -> dict:
 
 def finished_in(run_dir: Path, experiment: str, evaluations: list[str] = ()) -> dict | None:
     """The done marker's entry for this experiment, if the job finished there with these
-    evaluations ('task@shots') among its own; else None (the job runs, and adds what is missing)."""
+    evaluations ('task@shots') among its own and the tracking store holds its run FINISHED; else
+    None (the job runs, and adds what is missing; a marker the store disagrees with is reported)."""
     try:
         entry = json.loads((run_dir / DONE).read_text()).get(experiment)
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    return entry if entry is not None and set(evaluations) <= set(entry.get("evaluations", [])) else None
+    if entry is None or not set(evaluations) <= set(entry.get("evaluations", [])):
+        return None
+    from ..track import store
+    if not store.holds_finished(entry["run_id"], experiment):
+        print(f"{run_dir.name}: {DONE} says finished in '{experiment}' as MLflow run {entry['run_id']}, but the "
+              f"store ({paths.tracking_uri()}) does not hold that run FINISHED; running the job again", flush=True)
+        return None
+    return entry
 
 
 def mark_done(run_dir: Path, experiment: str, entry: dict) -> None:
@@ -67,6 +127,9 @@ class StatusLogger:
             if key in metrics:
                 fields[name] = metrics[key]
         write(self.run_dir, **fields)
+
+    def flush(self) -> None:
+        pass
 
     def close(self) -> None:
         pass

@@ -88,10 +88,11 @@ def summary_table(rows) -> _Printable:
     table = Table(title="ddl-run: summary")
     for column in ("job", "signature", "result", "detail"):
         table.add_column(column)
-    style = {"finished": "green", "skipped": "cyan"}
+    style = {"finished": "green", "skipped": "cyan", status.ELSEWHERE: "yellow"}
     for job, state, detail in rows:
         table.add_row(job.name, job.signature, f"[{style.get(state, 'red')}]{state}[/]", detail)
-    counts = {s: sum(r[1] == s for r in rows) for s in ("finished", "skipped")}
+    counts = {s: sum(r[1] == s for r in rows) for s in ("finished", "skipped", status.ELSEWHERE)}
     table.caption = (f"{counts['finished']} finished, {counts['skipped']} skipped, "
-                     f"{len(rows) - counts['finished'] - counts['skipped']} failed")
+                     f"{len(rows) - sum(counts.values())} failed or stopped"
+                     + (f", {counts[status.ELSEWHERE]} {status.ELSEWHERE}" if counts[status.ELSEWHERE] else ""))
     return _Printable(table)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..validation import safe_name
 from . import render
 from .figures import loss_curves
 from .tables import Table, accuracy_table, evaluated, loss_table, variant_rows
@@ -46,8 +47,8 @@ def build(experiment: str, runs: pd.DataFrame, histories: pd.DataFrame, out_root
     tables = [loss_table(runs, sizes, unit)]
     for shots, tasks in evaluated(runs):
         tables += [accuracy_table(runs, size, shots, tasks) for size in sizes]
+    final = out_root / safe_name("experiment", experiment)    # a folder of out_root's own, never beyond it
     out_root.mkdir(parents=True, exist_ok=True)
-    final = out_root / experiment
     staging = Path(tempfile.mkdtemp(prefix=f".{experiment}.", dir=out_root))
     figures = []
     for size in sizes:

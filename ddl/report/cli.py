@@ -14,27 +14,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--experiment", nargs="+", help="MLflow experiments (default: every one with ddl runs)")
     parser.add_argument("--out", type=Path, default=None, help="report root (default: reports/ of the checkout)")
     args = parser.parse_args(argv)
+    try:
+        return _report(args.experiment, args.out)
+    except (ValueError, OSError) as err:   # a bad name or --out, a store that cannot be read
+        detail = f"{err.filename}: {err.strerror}" if isinstance(err, OSError) and err.strerror else err
+        print(f"ddl-report: error: {detail}")
+        return 2
 
+
+def _report(names: list[str] | None, out: Path | None) -> int:
     from rich.console import Console
     from rich.table import Table as RichTable
 
+    from ..track import store
     from ..track.query import ddl_experiments, load_histories, load_runs
+    from ..validation import safe_name
     from .build import build
     from .render import compared, ours
     from .tables import row_label
 
-    experiments = args.experiment or ddl_experiments()
+    names = [safe_name("--experiment", name) for name in names or []]
+    experiments = names or ([name for name in ddl_experiments() if _reportable(name)] if store.exists() else [])
     if not experiments:
         print(f"ddl-report: no ddl runs in {paths.tracking_uri()}; run `ddl-run` or `make demo` first")
         return 1
     console = Console(width=None if sys.stdout.isatty() else 160)   # logs keep whole columns
     for experiment in experiments:
-        runs = load_runs(experiment)
-        if runs.empty:
+        runs = load_runs(experiment) if store.exists() else None     # reading creates no store
+        if runs is None or runs.empty:
             print(f"ddl-report: error: experiment={experiment!r}: no ddl runs there")
             return 2
         histories = load_histories(list(runs["run_id"]), ["train/loss", "val/loss"])
-        report = build(experiment, runs, histories, args.out or paths.reports_dir())
+        report = build(experiment, runs, histories, out or paths.reports_dir())
         loss = report.tables[0]
         summary = RichTable(title=f"{experiment}: final validation loss ({report.unit})")
         summary.add_column("model")
@@ -57,3 +68,14 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"report: {report.path / 'index.html'}  ({len(report.tables)} tables, "
                       f"{len(list(report.path.glob('figure2_*')))} figures)")
     return 0
+
+
+def _reportable(name: str) -> bool:
+    """An experiment whose name can be a folder of its own; the others are named and left out."""
+    from ..validation import safe_name
+    try:
+        safe_name("experiment", name)
+        return True
+    except ValueError as err:
+        print(f"ddl-report: skipped: {err}")
+        return False

@@ -7,28 +7,101 @@ or MLFLOW_TRACKING_URI for a team server. Artifacts go to DDL_HOME/mlartifacts/<
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from .. import paths
 
 SIGNATURE_TAG = "ddl.signature"
 ERROR_TAG, EVAL_ERROR_TAG = "ddl.error", "ddl.eval_error"
+REPLACES_TAG = "ddl.replaces"      # a run that took over the curves of a deleted one (open_run)
 HISTORY_PREFIXES = ("train/", "val/", "beta/")   # the per-step curves a run logs while training
 # MLflow 3 opens an experiment on its GenAI overview unless it is marked as model training.
 EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 
 
+class StoreError(ValueError):
+    """The tracking store cannot be used: one line naming it and why."""
+
+
+_opened: set[str] = set()   # URIs this process has checked (and, for the project store, created)
+SQLITE_HEADER = b"SQLite format 3\x00"
+SERVER_TIMEOUT_S = 10
+
+
+def check() -> None:
+    """Fail fast, in one line, on a store that cannot work, creating nothing: a project store that is
+    not SQLite, a server that does not answer (MLflow itself would retry for minutes), a URI MLflow
+    cannot use."""
+    from mlflow.tracking import MlflowClient
+    uri = paths.tracking_uri()
+    if uri.startswith("sqlite:///"):
+        db = Path(uri.removeprefix("sqlite:///"))
+        with contextlib.suppress(OSError):
+            if db.stat().st_size and db.read_bytes()[:16] != SQLITE_HEADER:
+                raise StoreError(f"tracking store {db}: not an SQLite database (damaged); move it aside to start "
+                                 f"an empty store, or restore it from a backup")
+        return
+    where = f"MLFLOW_TRACKING_URI={uri}"
+    if uri.startswith(("http://", "https://")):
+        try:   # any HTTP answer, even 401, is a server
+            urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=SERVER_TIMEOUT_S).close()
+        except urllib.error.HTTPError:
+            pass
+        except (OSError, ValueError) as err:
+            raise StoreError(f"{where}: no MLflow server answers ({getattr(err, 'reason', err)})") from None
+    try:
+        MlflowClient(uri).search_experiments(max_results=1)
+    except Exception as err:
+        raise StoreError(f"{where}: not a usable MLflow store ({type(err).__name__}: {_first_line(err)})") from None
+
+
+def _open_store(uri: str) -> None:
+    """check(), then create the project's SQLite store under a file lock, so processes that start
+    together do not race through MLflow's schema migration."""
+    from mlflow.tracking import MlflowClient
+    check()
+    if not uri.startswith("sqlite:///"):
+        return
+    db = Path(uri.removeprefix("sqlite:///"))
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        with open(db.with_name(db.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            MlflowClient(uri).search_experiments(max_results=1)   # creates or migrates the schema
+    except OSError as err:
+        raise StoreError(f"tracking store {db}: {err.strerror or err} (DDL_HOME={paths.home()})") from None
+    except Exception as err:
+        raise StoreError(f"tracking store {db}: {type(err).__name__}: {_first_line(err)}") from None
+
+
+def exists() -> bool:
+    """False while the project's SQLite store has not been created: a command that only reads then has
+    nothing to read, and creates nothing."""
+    uri = paths.tracking_uri()
+    return not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).is_file()
+
+
+def _first_line(err: BaseException) -> str:
+    return next((line.strip() for line in str(err).splitlines() if line.strip()), "no detail")
+
+
 def client():
+    """The MLflow client of this project's store; StoreError (one line) when the store cannot be used."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
     uri = paths.tracking_uri()
-    if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     exported = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri not in _opened:
+        _open_store(uri)
+        _opened.add(uri)
     mlflow.set_tracking_uri(uri)                     # for the fluent API (query.load_runs)
     if exported is None:   # mlflow also exports it: child processes and a later DDL_HOME would inherit this store
         os.environ.pop("MLFLOW_TRACKING_URI", None)
@@ -66,14 +139,21 @@ def runs_with_signature(signature: str, experiment: str | None = None) -> list:
                          order_by=["attributes.start_time DESC"]) if ids else []
 
 
-def open_run(experiment: str, signature: str, run_name: str, params: dict, tags: dict) -> str:
-    """The job's run: the newest of this signature in the experiment, reopened (a resumed job
-    continues it, a re-run adds evaluations) with fresh tags and no stale error, else a new one."""
+def open_run(experiment: str, signature: str, run_name: str, params: dict, tags: dict, resume_step: int = 0) -> str:
+    """The job's run, for training that continues after `resume_step`: the newest of this signature in
+    the experiment, reopened (a resumed job continues it, a re-run adds evaluations) with fresh tags and
+    no stale error, when its curves end there. A run whose curves go further (logged after the
+    checkpoint a killed job resumes from, or by a run whose checkpoints are gone) is replaced: a new run
+    takes its curves up to `resume_step`, and the old one is deleted, so every step is logged once."""
     from mlflow.entities import Param, RunTag
     c = client()
     exp_id = experiment_id(experiment)
+    replaced = None
     for run in runs_with_signature(signature, experiment)[:1]:
         run_id = run.info.run_id
+        if last_logged_step(run) > resume_step:
+            replaced = run
+            break
         c.update_run(run_id, status="RUNNING")
         for stale in (ERROR_TAG, EVAL_ERROR_TAG):
             if stale in run.data.tags:
@@ -84,7 +164,42 @@ def open_run(experiment: str, signature: str, run_name: str, params: dict, tags:
     items = [Param(k, str(v)) for k, v in params.items()]
     for i in range(0, len(items), 100):
         c.log_batch(run.info.run_id, params=items[i:i + 100])
+    if replaced is not None:
+        _copy_history(replaced, run.info.run_id, resume_step)
+        c.set_tag(run.info.run_id, REPLACES_TAG, replaced.info.run_id)
+        c.delete_run(replaced.info.run_id)
+        print(f"{run_name} [{signature}]: MLflow run {replaced.info.run_id} has steps past {resume_step}, where "
+              f"training continues; replaced by run {run.info.run_id} with its curves up to there", flush=True)
     return run.info.run_id
+
+
+def last_logged_step(run) -> int:
+    """The last step of the run's training curves (0 when it has none)."""
+    c = client()
+    steps = [m.step for key in run.data.metrics if key.startswith(HISTORY_PREFIXES)
+             for m in c.get_metric_history(run.info.run_id, key)]
+    return max(steps, default=0)
+
+
+def holds_finished(run_id: str, experiment: str) -> bool:
+    """True when the store holds this run, FINISHED and not deleted, in this experiment."""
+    from mlflow.exceptions import MlflowException
+    c = client()
+    try:
+        run = c.get_run(run_id)
+    except MlflowException:
+        return False
+    return (run.info.status == "FINISHED" and run.info.lifecycle_stage == "active"
+            and c.get_experiment(run.info.experiment_id).name == experiment)
+
+
+def _copy_history(source, run_id: str, up_to_step: int) -> None:
+    """The source run's training curves up to `up_to_step`, logged into run_id."""
+    c = client()
+    history = [m for key in source.data.metrics if key.startswith(HISTORY_PREFIXES)
+               for m in c.get_metric_history(source.info.run_id, key) if m.step <= up_to_step]
+    for i in range(0, len(history), 1000):
+        c.log_batch(run_id, metrics=history[i:i + 1000])
 
 
 def inherit_history(run_id: str, signature: str, up_to_step: int) -> str | None:
@@ -99,10 +214,7 @@ def inherit_history(run_id: str, signature: str, up_to_step: int) -> str | None:
     count, source = max(sources, key=lambda pair: pair[0], default=(0, None))
     if not count:
         return None
-    history = [m for key in source.data.metrics if key.startswith(HISTORY_PREFIXES)
-               for m in c.get_metric_history(source.info.run_id, key) if m.step <= up_to_step]
-    for i in range(0, len(history), 1000):
-        c.log_batch(run_id, metrics=history[i:i + 1000])
+    _copy_history(source, run_id, up_to_step)
     c.set_tag(run_id, "ddl.history_from", source.info.run_id)
     return source.info.run_id
 
@@ -135,8 +247,8 @@ def system_metrics_monitor(run_id: str):
 class MLflowLogger:
     """The trainer's MetricLogger: metrics buffered and written in batches (log_batch) by MLflow's
     async logging thread, so the training loop hands a batch over at most once every `flush_s`
-    seconds and waits only if the previous batch is still being written. close() waits for the
-    last one and raises what a write raised."""
+    seconds and waits only if the previous batch is still being written. flush() (before each
+    checkpoint) and close() wait for the last one and raise what a write raised."""
 
     def __init__(self, run_id: str, flush_s: float = 5.0, max_buffer: int = 900):
         self.run_id, self.flush_s, self.max_buffer = run_id, flush_s, max_buffer
@@ -151,23 +263,27 @@ class MLflowLogger:
         now = int(time.time() * 1000)
         self._buffer.extend(Metric(k, float(v), now, step) for k, v in metrics.items())
         if len(self._buffer) >= self.max_buffer or time.monotonic() - self._last_flush > self.flush_s:
-            self.flush()
+            self._hand_over()
 
-    def flush(self) -> None:
-        self.wait()
+    def _hand_over(self) -> None:
+        self._wait()
         self._writing = [self._client.log_batch(self.run_id, metrics=self._buffer[i:i + 1000], synchronous=False)
                          for i in range(0, len(self._buffer), 1000)]   # MLflow takes 1000 metrics a call
         self._buffer = []
         self._last_flush = time.monotonic()
 
-    def wait(self) -> None:
+    def _wait(self) -> None:
         writing, self._writing = self._writing, []
         for operation in writing:
             operation.wait()
 
+    def flush(self) -> None:
+        """Every metric logged so far is in the store when this returns."""
+        self._hand_over()
+        self._wait()
+
     def close(self) -> None:
         self.flush()
-        self.wait()
         if self._system is not None:
             self._system.finish()
             self._system = None

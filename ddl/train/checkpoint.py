@@ -1,8 +1,11 @@
-"""Atomic checkpoints: model, optimizer, scheduler, loader position, RNG, step, config, signature."""
+"""Atomic, checksummed checkpoints: model, optimizer, scheduler, loader position, RNG, step, config,
+signature, and the sha256 of all of it (verified on load: a damaged file is never trained on)."""
 
 from __future__ import annotations
 
+import hashlib
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +14,12 @@ import torch
 from .. import paths
 
 PATTERN = "step_*.pt"
+CHECKSUM = "sha256"
+QUARANTINE_SUFFIX = ".corrupt"
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint that cannot be read or whose content does not match its checksum."""
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -36,13 +45,64 @@ def restore_rng(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+def digest(state, h=None) -> str:
+    """sha256 over a state's content: every tensor's dtype, shape and bytes, every other value's repr,
+    dict keys in a fixed order. The same on the loaded copy as on the saved one."""
+    h = h or hashlib.sha256()
+    if isinstance(state, dict):
+        for key in sorted(state, key=repr):
+            h.update(repr(key).encode())
+            digest(state[key], h)
+    elif isinstance(state, (list, tuple)):
+        h.update(f"{type(state).__name__}{len(state)}".encode())
+        for item in state:
+            digest(item, h)
+    elif isinstance(state, torch.Tensor):
+        tensor = state.detach().cpu().contiguous()
+        h.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+        h.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    else:
+        h.update(repr(state).encode())
+    return h.hexdigest()
+
+
+class _WriteErrors:
+    """A file that keeps the OSError of a failed write (a full disk): torch.save reports it only as its
+    zip writer's RuntimeError ("unexpected pos")."""
+
+    def __init__(self, file):
+        self.file, self.error = file, None
+
+    def write(self, data) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def _torch_save(state: dict, file) -> None:
+    out = _WriteErrors(file)
+    try:
+        torch.save(state, out)
+    except RuntimeError:
+        if out.error is None:
+            raise
+        raise OSError(out.error.errno, out.error.strerror, getattr(file, "name", None)) from None
+
+
 def save(run_dir: Path, state: dict, keep: int) -> Path:
-    """Write step_<n>.pt via temp file, fsync and rename, then drop all but the newest `keep`: the
-    older ones go only once the new one is on disk (a node crash leaves a whole checkpoint)."""
+    """Write step_<n>.pt (with its checksum) via temp file, fsync and rename, then drop all but the
+    newest `keep`: the older ones go only once the new one is on disk (a node crash leaves a whole
+    checkpoint)."""
     directory = checkpoint_dir(run_dir)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"step_{state['step']:08d}.pt"
-    paths.write_atomic(path, lambda f: torch.save(state, f), durable=True)
+    signed = {**state, CHECKSUM: digest(state)}
+    paths.write_atomic(path, lambda f: _torch_save(signed, f), durable=True)
     for old in sorted(directory.glob(PATTERN))[:-keep]:
         old.unlink()
     return path
@@ -54,7 +114,32 @@ def latest(run_dir: Path) -> Path | None:
 
 
 def load(path: Path, map_location="cpu") -> dict:
-    return torch.load(path, map_location=map_location, weights_only=True)
+    """The checkpoint's state, verified against its checksum; CorruptCheckpoint (one line) if the file
+    is unreadable, truncated or altered. A checkpoint written before checksums loads unverified."""
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:
+        raise CorruptCheckpoint(f"checkpoint {path}: unreadable ({type(err).__name__}: "
+                                f"{str(err).splitlines()[0] if str(err) else 'no detail'})") from None
+    if not isinstance(state, dict) or "step" not in state:
+        raise CorruptCheckpoint(f"checkpoint {path}: not a ddl checkpoint")
+    expected = state.pop(CHECKSUM, None)
+    if expected is not None and digest(state) != expected:
+        raise CorruptCheckpoint(f"checkpoint {path}: content does not match its sha256 (damaged on disk)")
+    return state
+
+
+def newest_intact(run_dir: Path, map_location="cpu") -> tuple[Path, dict] | None:
+    """(path, state) of the newest checkpoint that verifies. Each damaged one on the way is reported in
+    one line and renamed to step_<n>.pt.corrupt, so nothing picks it again."""
+    for path in sorted(checkpoint_dir(run_dir).glob(PATTERN), reverse=True):
+        try:
+            return path, load(path, map_location)
+        except CorruptCheckpoint as err:
+            path.rename(path.with_name(path.name + QUARANTINE_SUFFIX))
+            print(f"{err}; moved aside as {path.name}{QUARANTINE_SUFFIX}, using the previous checkpoint",
+                  file=sys.stderr, flush=True)
+    return None
 
 
 def load_checkpoint_model(path: Path, map_location="cpu"):
@@ -64,11 +149,12 @@ def load_checkpoint_model(path: Path, map_location="cpu"):
 
     path = Path(path)
     if path.is_dir():
-        found = latest(path)
+        found = newest_intact(path, map_location)
         if found is None:
-            raise ValueError(f"checkpoint={str(path)!r}: no {PATTERN} under {checkpoint_dir(path)}")
-        path = found
-    state = load(path, map_location)
+            raise ValueError(f"checkpoint={str(path)!r}: no intact {PATTERN} under {checkpoint_dir(path)}")
+        path, state = found
+    else:
+        state = load(path, map_location)
     run = RunConfig.from_dict(state["run"])
     model = GPT(run.model)
     model.load_state_dict(state["model"])

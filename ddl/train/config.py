@@ -13,10 +13,25 @@ from dataclasses import asdict, dataclass
 
 from ..data.config import DataConfig
 from ..model.config import ModelConfig
-from ..validation import failure, is_int, is_number
+from ..validation import failure, is_finite, is_int, is_number, shown
 
 
 _fail = failure("train")
+SEED_LIMIT = 2 ** 63   # torch.manual_seed's range
+
+
+def check_model_numbers(model: ModelConfig) -> None:
+    """The model's real-valued knobs are numbers a model can be built and trained with: finite, and
+    positive where a zero divides (rope_base) or a negative spread means nothing (init_std)."""
+    fail = failure()
+    for key in ("k_eps", "v_sigmoid_scale", "norm_eps"):
+        if not is_finite(getattr(model, key)):
+            fail(key, getattr(model, key), "must be a finite number >= 0")
+    for key in ("rope_base", "init_std"):
+        if not is_finite(getattr(model, key)) or getattr(model, key) <= 0:
+            fail(key, getattr(model, key), "must be a finite number > 0")
+    if model.read_init is not None and not is_finite(model.read_init):
+        fail("read_init", model.read_init, "must be null (1/d_v) or a finite number")
 
 
 # When a run logs, validates and checkpoints: none of it changes the weights it learns.
@@ -85,8 +100,9 @@ class RunConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not is_int(self.seed) or self.seed < 0:
-            raise ValueError(f"seed={self.seed!r}: must be an integer >= 0")
+        if not is_int(self.seed) or not 0 <= self.seed < SEED_LIMIT:
+            raise ValueError(f"seed={shown(self.seed)}: must be an integer in [0, 2**63)")
+        check_model_numbers(self.model)
         if self.model.vocab_size != self.data.model_vocab_size():
             raise ValueError(f"model.vocab_size={self.model.vocab_size}: the {self.data.tokenizer} tokenizer needs "
                              f"{self.data.model_vocab_size()}")

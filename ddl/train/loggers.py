@@ -9,6 +9,7 @@ from typing import Protocol
 
 class MetricLogger(Protocol):
     def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+    def flush(self) -> None: ...   # what was logged is stored when this returns (called before each checkpoint)
     def close(self) -> None: ...
 
 
@@ -23,6 +24,9 @@ class ConsoleLogger:
         shown = "  ".join(f"{k}={metrics[k]:.4g}" for k in self.KEYS if k in metrics)
         print(f"step {step:>6}  {shown}", file=self.stream, flush=True)
 
+    def flush(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -35,6 +39,9 @@ class JsonlLogger:
         self._file.write(json.dumps({"step": step, **metrics}) + "\n")
         self._file.flush()
 
+    def flush(self) -> None:
+        pass
+
     def close(self) -> None:
         self._file.close()
 
@@ -46,6 +53,10 @@ class MultiLogger:
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         for logger in self.loggers:
             logger.log_metrics(metrics, step)
+
+    def flush(self) -> None:
+        for logger in self.loggers:
+            logger.flush()
 
     def close(self) -> None:
         for logger in self.loggers:

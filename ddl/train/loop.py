@@ -19,6 +19,7 @@ from . import checkpoint
 from .config import RunConfig, TrainConfig
 from .distributed import DistInfo, all_reduce_mean, any_rank_signal, cpu_threads, init_distributed, keep_freed_memory
 from .loggers import MetricLogger
+from .signals import DeferredSignals
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -29,6 +30,10 @@ class NonFiniteLoss(RuntimeError):
 
 class Interrupted(RuntimeError):
     """A signal stopped the run after a checkpoint was written; the caller may requeue it."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
 
 
 @dataclass
@@ -62,7 +67,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-class _DeferredSignals:
+class _DeferredSignals(DeferredSignals):
     """Turn SIGINT/SIGTERM/SIGUSR1/SIGUSR2 into a flag read at step boundaries (a signal the
     process was started ignoring stays ignored).
 
@@ -74,29 +79,13 @@ class _DeferredSignals:
     """
 
     def __init__(self):
-        self.received: int | None = None
-        self._previous: dict[int, object] = {}
-
-    def __enter__(self):
-        with contextlib.suppress(ValueError):  # only the main thread may install handlers
-            for sig in HANDLED_SIGNALS:
-                if signal.getsignal(sig) != signal.SIG_IGN:
-                    self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.received = signum
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
+        super().__init__(HANDLED_SIGNALS)
 
     def hand_over(self, signum: int, step: int, path: Path) -> None:
         previous = self._previous.get(signum, signal.SIG_DFL)
         self.__exit__()
         if not callable(previous):
-            raise Interrupted(f"stopped by {signal.Signals(signum).name} at step {step}; checkpoint {path}")
+            raise Interrupted(f"stopped by {signal.Signals(signum).name} at step {step}; checkpoint {path}", signum)
         previous(signum, None)          # may requeue+exit (submitit) or raise KeyboardInterrupt
         if signum == signal.SIGTERM:    # a scheduler's kill follows SIGTERM: leave on our checkpoint
             raise SystemExit(128 + signum)
@@ -131,8 +120,10 @@ class Trainer:
     """One run in named steps (as torchtitan's trainer reads): setup, resume, train_step, validate,
     checkpoint, teardown. `fit()` runs the loop; `train()` is the one-call form."""
 
-    def __init__(self, run: RunConfig, run_dir: Path, logger: MetricLogger, signature: str,
+    def __init__(self, run: RunConfig, run_dir: Path, logger: MetricLogger | None, signature: str,
                  data_root: Path | None = None):
+        """Sets up and resumes; `logger` may be given later (a job opens its MLflow run knowing the
+        step it resumes from), before fit()."""
         self.run, self.cfg, self.run_dir, self.logger, self.signature = run, run.train, Path(run_dir), logger, signature
         self._setup_device()
         self._setup_data(data_root)
@@ -176,11 +167,12 @@ class Trainer:
 
     # -- checkpoints --------------------------------------------------------------------------
     def resume(self) -> Path | None:
-        """Continue from the run directory's newest checkpoint, if it is this run's."""
-        found = checkpoint.latest(self.run_dir)
-        if found is None:
+        """Continue from the run directory's newest intact checkpoint, if it is this run's (a damaged
+        one is reported and set aside)."""
+        intact = checkpoint.newest_intact(self.run_dir, map_location=self.device)
+        if intact is None:
             return None
-        state = checkpoint.load(found, map_location=self.device)
+        found, state = intact
         if state["signature"] != self.signature:
             raise ValueError(f"run_dir={str(self.run_dir)!r}: holds checkpoints of run {state['signature']}, "
                              f"not {self.signature}; refusing to mix runs")
@@ -199,8 +191,11 @@ class Trainer:
                 "loader": loader_state, "rng": checkpoint.rng_state(self.device)}
 
     def save(self, at_step: int, loader_state: dict) -> Path | None:
+        """Rank 0: the metrics logged so far reach their store, then the checkpoint is written, so a run
+        killed at any moment and resumed from it neither loses nor repeats a logged step."""
         if not self.info.is_main:
             return None
+        self.logger.flush()
         return checkpoint.save(self.run_dir, self.checkpoint_state(at_step, loader_state), self.cfg.keep_checkpoints)
 
     # -- one step, validation -----------------------------------------------------------------

@@ -62,7 +62,8 @@ def ops():
         reason = next((line.strip() for marker in ("error:", "error") for line in lines if marker in line.lower()),
                       lines[-1] if lines else repr(error))
         warnings.warn(f"ddl: the C++ Delta kernels could not be built in {build_dir} ({reason}); "
-                      f"the fused kernels run as PyTorch ops on CPU (slower, same numbers)", stacklevel=2)
+                      f"the fused kernels run as PyTorch ops on CPU (slower; the same numbers up to float rounding)",
+                      stacklevel=2)
         return None
     _register_fakes()
     return torch.ops.ddl_delta

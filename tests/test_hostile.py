@@ -1,0 +1,89 @@
+"""Hostile input: checked at the edge, one line naming the key, the value and what is allowed, a non-zero exit,
+and nothing created (no store, no run, no folder): names that become paths or script lines, values that pass
+a type check but cannot train, and the other entry points' arguments."""
+
+import time
+
+import pytest
+
+from tests.conftest import run_cli
+
+SMOKE = ["model=micro", "train=smoke"]
+
+
+def assert_one_line(out, prefix, message, code=2):
+    lines = out.stderr.strip().splitlines() if prefix.startswith("ddl-run") else out.stdout.strip().splitlines()
+    assert out.returncode == code, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "Traceback" not in out.stdout + out.stderr
+    assert len(lines) == 1 and lines[0].startswith(prefix) and message in lines[0], lines[-5:]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("experiment=.", "experiment='.': must be a non-empty name of at most 64 letters"),
+    ("experiment=..", "experiment='..': must be a non-empty name"),
+    ('experiment="a\nb"', "experiment='a\\nb': must be a non-empty name"),
+    ("experiment=" + "x" * 5000, "characters): must be a non-empty name"),
+    ("ddl.k_eps=nan", "k_eps=nan: must be a finite number >= 0"),
+    ("ddl.v_sigmoid_scale=inf", "v_sigmoid_scale=inf: must be a finite number >= 0"),
+    ("+model.rope_base=0", "rope_base=0: must be a finite number > 0"),
+    ("+model.init_std=-1", "init_std=-1: must be a finite number > 0"),
+    ("seed=" + "9" * 40, "seed=9999999999"),
+    ("ddl.read_init=abc", "read_init='abc': must be null (1/d_v) or a finite number"),
+    ("data=files data.files=/nonexistent/*.txt", "data.files='/nonexistent/*.txt': matches no file"),
+    ("train.device=cuda", "train.device='cuda': this machine has no CUDA device"),
+])
+def test_bad_values_are_one_line_before_anything_is_created(ddl_home, override, message):
+    import torch
+    if "cuda" in override and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    out = run_cli("ddl-run", *SMOKE, *([override] if "\n" in override else override.split()))
+    assert_one_line(out, "ddl-run: error: ", message)
+    assert_nothing_created(ddl_home)
+
+
+def assert_nothing_created(home):
+    """No store, no run folder, no half-built dataset, no folder outside DDL_HOME's own."""
+    assert not (home / "mlflow.db").exists() and not any((home / "runs").glob("*"))
+    assert not any((home / "data").glob("*.partial")) and not any(home.parent.glob("20*"))
+
+
+def test_a_misspelt_eval_task_is_found_before_training(ddl_home):
+    out = run_cli("ddl-run", *SMOKE, "eval.tasks=[arc_easyy]", "eval.shots=[0]")
+    assert_one_line(out, "ddl-run: error: ", "eval.tasks='arc_easyy': not an lm-eval task; did you mean arc_easy")
+    assert_nothing_created(ddl_home)
+
+
+def test_a_newline_in_a_launcher_setting_never_reaches_a_job_script(ddl_home):
+    out = run_cli("ddl-run", "-m", *SMOKE, 'hydra.launcher.name="x\n#SBATCH --wrap=touch /tmp/owned"')
+    assert_one_line(out, "ddl-run: error: ", "hydra.launcher.name='x\\n#SBATCH --wrap=touch /tmp/owned': must be "
+                                             "printable, on one line")
+    assert_nothing_created(ddl_home)
+
+
+@pytest.mark.parametrize("uri, message", [
+    ("http://127.0.0.1:9", "MLFLOW_TRACKING_URI=http://127.0.0.1:9: no MLflow server answers"),
+    ("garbage://x", "MLFLOW_TRACKING_URI=garbage://x: not a usable MLflow store"),
+])
+def test_an_unusable_tracking_uri_fails_fast_in_one_line(ddl_home, uri, message):
+    started = time.monotonic()
+    out = run_cli("ddl-run", *SMOKE, env_extra={"MLFLOW_TRACKING_URI": uri})
+    assert_one_line(out, "ddl-run: error: ", message)
+    assert time.monotonic() - started < 120                             # not MLflow's minutes of retries
+    assert_nothing_created(ddl_home)
+
+
+@pytest.mark.parametrize("name", [".", "..", "../escape", "a\nb"])
+def test_a_report_is_never_written_outside_its_own_folder(ddl_home, tmp_path, name):
+    reports = tmp_path / "reports"
+    (reports / "kept").mkdir(parents=True)
+    out = run_cli("ddl-report", "--experiment", name, "--out", str(reports))
+    assert_one_line(out, "ddl-report: error: ", "--experiment=")
+    assert [p.name for p in reports.iterdir()] == ["kept"] and not (tmp_path / "escape").exists()
+
+
+def test_other_entry_points_refuse_bad_arguments_in_one_line(ddl_home):
+    out = run_cli("ddl-eval", "nothing", "--shots", "-1")
+    assert_one_line(out, "ddl-eval: error: ", "eval.shots=[-1]: must be a list of integers >= 0")
+    out = run_cli("ddl-ui", "--port", "99999")
+    assert out.returncode == 2 and "--port=99999: must be an integer in [1, 65535]" in out.stderr
+    assert "Traceback" not in out.stderr and not (ddl_home / "mlflow.db").exists()

@@ -1,0 +1,104 @@
+"""A damaged file is detected, never trained on: checkpoints, token shards, the tracking store, run folders.
+
+One smoke run trains once (module fixture); each test damages a copy of its DDL_HOME and runs `ddl-run` again.
+"""
+
+import shutil
+
+import pytest
+
+from tests.conftest import logged_steps, mlflow_runs, run_cli
+
+SMOKE = ["model=micro", "train=smoke"]     # 20 steps: train/loss every 5, val/loss and a checkpoint every 10
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    home = tmp_path_factory.mktemp("trained") / "home"
+    out = run_cli("ddl-run", *SMOKE, env_extra={"DDL_HOME": str(home)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    val_loss = float(out.stdout.split("val/loss ")[-1].split()[0])
+    return home, val_loss
+
+
+@pytest.fixture
+def home(trained, ddl_home):
+    shutil.copytree(trained[0], ddl_home)
+    return ddl_home
+
+
+def run_dir(home):
+    [found] = (home / "runs").iterdir()
+    return found
+
+
+def curves(experiment="default"):
+    """(train/loss steps, val/loss steps) of the experiment's one active run."""
+    [run] = mlflow_runs(experiment)
+    return logged_steps(run)
+
+
+def damage(path, how):
+    data = bytearray(path.read_bytes())
+    if how == "garbled":
+        middle = len(data) // 2
+        data[middle:middle + 16384] = bytes(range(256)) * 64
+    elif how == "truncated":
+        data = data[:len(data) // 3]
+    else:
+        data = b""
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["garbled", "truncated", "empty"])
+def test_a_damaged_checkpoint_is_set_aside_and_the_run_resumes_from_the_previous_one(home, trained, how):
+    directory = run_dir(home)
+    damage(directory / "checkpoints" / "step_00000020.pt", how)
+    (directory / "done.json").unlink()
+    out = run_cli("ddl-run", *SMOKE)
+    assert out.returncode == 0, out.stderr[-3000:]
+    [line] = [line for line in out.stderr.splitlines() if "step_00000020.pt" in line]
+    assert "moved aside as step_00000020.pt.corrupt, using the previous checkpoint" in line
+    assert f"val/loss {trained[1]:.4f}" in out.stdout                  # the numbers of the undamaged run
+    assert curves() == ([5, 10, 15, 20], [10, 20])                     # each step once, in one run
+    assert (directory / "checkpoints" / "step_00000020.pt.corrupt").is_file()
+
+
+@pytest.mark.parametrize("how", ["garbled", "truncated"])
+def test_a_damaged_token_shard_is_one_line_and_creates_no_run(home, how):
+    [dataset] = [p for p in (home / "data").iterdir() if p.is_dir()]
+    damage(dataset / "train_0000.bin", how)
+    out = run_cli("ddl-run", *SMOKE, "experiment=other")
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("ddl-run: error: dataset ") and "shard train_0000.bin is damaged" in line
+    assert "ddl-data prepare --force" in line and mlflow_runs("other") == []
+
+
+def test_a_lost_tracking_store_is_noticed_and_the_run_logged_again(home, trained):
+    (home / "mlflow.db").write_bytes(b"")
+    out = run_cli("ddl-run", *SMOKE)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "does not hold that run FINISHED; running the job again" in out.stdout
+    [run] = mlflow_runs("default")
+    assert run.info.status == "FINISHED" and run.data.metrics["final/val/loss"] == pytest.approx(trained[1], abs=1e-4)
+
+
+def test_a_garbled_tracking_store_is_refused_not_replaced(home):
+    (home / "mlflow.db").write_bytes(b"not a database at all" * 100)
+    out = run_cli("ddl-run", *SMOKE)
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("ddl-run: error: tracking store ") and "not an SQLite database" in line
+    assert (home / "mlflow.db").read_bytes() == b"not a database at all" * 100
+
+
+@pytest.mark.slow
+def test_retraining_a_deleted_run_folder_replaces_the_runs_history(home, trained):
+    shutil.rmtree(run_dir(home))
+    out = run_cli("ddl-run", *SMOKE)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert curves() == ([5, 10, 15, 20], [10, 20])                     # not 8 train/loss points
+    from ddl.track import store
+    deleted = store.client().search_runs([mlflow_runs("default")[0].info.experiment_id], run_view_type=2)
+    assert len(deleted) == 1 and mlflow_runs("default")[0].data.tags["ddl.replaces"] == deleted[0].info.run_id
