@@ -24,7 +24,8 @@ def test_the_users_sweep_runs_three_distinct_jobs_then_skips_them(ddl_home, tmp_
         assert run.info.status == "FINISHED"
         assert run.data.params["model.residual"] in ("ddl", "baseline") and run.data.params["train.steps"] == "20"
         assert run.data.tags["ddl.launcher"] == "local" and len(run.data.tags["ddl.signature"]) == 12
-        assert {"train/loss", "val/loss", "val/ppl", "train/lr", "train/grad_norm", "train/tokens_per_s"} <= run.data.metrics.keys()
+        curves = {"train/loss", "val/loss", "val/ppl", "train/lr", "train/grad_norm", "train/tokens_per_s"}
+        assert curves <= run.data.metrics.keys()
         assert [m.step for m in c.get_metric_history(run.info.run_id, "val/loss")] == [10, 20]
         assert {a.path for a in c.list_artifacts(run.info.run_id)} == {"config.yaml", "final_metrics.json", "train.log"}
         if run.data.params["model.residual"] == "ddl":
@@ -199,7 +200,7 @@ def test_an_installed_wheel_finds_its_configs(tmp_path):
     import sys
     import zipfile
     from pathlib import Path
-    source = tmp_path / "source"          # setuptools builds in the source tree: a copy keeps build/ out of the checkout
+    source = tmp_path / "source"     # setuptools builds in the source tree: a copy keeps build/ out of the checkout
     shutil.copytree(Path(__file__).resolve().parent.parent, source,
                     ignore=shutil.ignore_patterns(".*", "build", "reports", "*.egg-info", "__pycache__", "mlruns"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",

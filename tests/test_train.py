@@ -200,7 +200,8 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, data_r
     assert checkpoint.load(checkpoint.latest(tmp_path))["step"] == 3
 
 
-@pytest.mark.parametrize("kwargs, key", [(dict(steps=-5), "train.steps"), (dict(batch_tokens=1000), "train.batch_tokens"),
+@pytest.mark.parametrize("kwargs, key", [(dict(steps=-5), "train.steps"),
+                                         (dict(batch_tokens=1000), "train.batch_tokens"),
                                          (dict(lr=5.0), "train.lr"), (dict(lr=0.0), "train.lr"),
                                          (dict(grad_clip=0.0), "train.grad_clip"),
                                          (dict(eval_tokens=64, seq_len=128), "train.eval_tokens"),

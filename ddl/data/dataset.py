@@ -146,7 +146,8 @@ def prepare(cfg: DataConfig, root: Path | None = None, force: bool = False, prog
             return final
         if final.exists():
             if not force:
-                raise ValueError(f"dataset {final}: damaged (no {MANIFEST}); rebuild it with `ddl-data prepare --force`")
+                raise ValueError(f"dataset {final}: damaged (no {MANIFEST}); "
+                                 f"rebuild it with `ddl-data prepare --force`")
             shutil.rmtree(final)
         fresh = not work.exists()
         work.mkdir(exist_ok=True)

@@ -115,7 +115,8 @@ def evaluate(model_or_checkpoint, tasks: list[str], shots: list[int], *, tokeniz
                 scores[f"{prefix}/reported"] = scores[f"{prefix}/{metric}"]
                 items = out.get("n-samples", {}).get(task, {}).get("effective")   # groups have none
                 if items:
-                    scores.update({f"{prefix}/n": float(items), f"{prefix}/stderr": _uncertainty(values, metric, items)})
+                    scores.update({f"{prefix}/n": float(items),
+                                   f"{prefix}/stderr": _uncertainty(values, metric, items)})
         documents[f"{k}shot"] = {key: out[key] for key in ("results", "configs", "versions", "n-shot", "n-samples",
                                                            "config") if key in out}
     return EvalResult(scores, json.dumps(documents, indent=1, default=str))

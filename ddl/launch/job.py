@@ -54,7 +54,8 @@ def _tags(job: Job, launcher: str) -> dict:
     return {"mlflow.source.git.commit": commit, "mlflow.source.name": "ddl-run", "mlflow.source.type": "JOB",
             "ddl.sweep": job.experiment, "ddl.git_commit": commit, "ddl.git_dirty": dirty, "ddl.launcher": launcher,
             "ddl.slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "ddl.host": socket.gethostname(),
-            "ddl.torch": torch.__version__, "ddl.cuda": str(torch.version.cuda), "ddl.python": platform.python_version(),
+            "ddl.torch": torch.__version__, "ddl.cuda": str(torch.version.cuda),
+            "ddl.python": platform.python_version(),
             "ddl.tokenizer": tokenizer, "ddl.loss_unit": f"nats/token ({tokenizer})", "ddl.row": job.name.split("-")[0]}
 
 

@@ -61,7 +61,8 @@ class SweepLauncher(BaseSubmititLauncher):
         import submitit
         params = dict(self.params)
         folder = params.pop("submitit_folder")
-        init = {f"{self._EXECUTOR}_max_num_timeout": params.pop("max_num_timeout")} if "max_num_timeout" in params else {}
+        init = {f"{self._EXECUTOR}_max_num_timeout": params.pop("max_num_timeout")} \
+            if "max_num_timeout" in params else {}
         executor = submitit.AutoExecutor(folder=folder, cluster=self._EXECUTOR, **init)
         shared = set(OmegaConf.structured(BaseQueueConf).keys())
         executor.update_parameters(**{k if k in shared else f"{self._EXECUTOR}_{k}": v for k, v in params.items()})

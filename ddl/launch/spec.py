@@ -136,7 +136,8 @@ class Job:
         data = job.run.data
         if OFFLINE_TASK in job.evaluation.tasks and data.source == "embedded" and data.val_fraction < HELD_OUT:
             raise ConfigError(f"data.val_fraction={data.val_fraction}: must be >= {HELD_OUT} with eval task "
-                              f"{OFFLINE_TASK}, whose items come from that held-out share (else the run trains on them)")
+                              f"{OFFLINE_TASK}, whose items come from that held-out share "
+                              f"(else the run trains on them)")
         return job
 
     @property

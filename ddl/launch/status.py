@@ -123,7 +123,8 @@ class StatusLogger:
             rate = (step - self.first_step) / max(time.time() - self.started, 1e-9)
             eta = (self.total - step) / rate if rate > 0 else None
         fields = {"step": step, "steps": self.total, "eta_s": eta}
-        for key, name in (("train/loss", "train_loss"), ("val/loss", "val_loss"), ("train/tokens_per_s", "tokens_per_s")):
+        shown = (("train/loss", "train_loss"), ("val/loss", "val_loss"), ("train/tokens_per_s", "tokens_per_s"))
+        for key, name in shown:
             if key in metrics:
                 fields[name] = metrics[key]
         write(self.run_dir, **fields)

@@ -31,7 +31,9 @@ def ours(cell: Cell, evaluation: bool = False) -> str:
 
 
 def _paper(cell: Cell) -> str:
-    return "" if cell.paper is None else f"paper {fmt_number(cell.paper)}, Δ {cell.delta:+.2f}" if cell.delta is not None \
+    if cell.paper is None:
+        return ""
+    return f"paper {fmt_number(cell.paper)}, Δ {cell.delta:+.2f}" if cell.delta is not None \
         else f"paper {fmt_number(cell.paper)}"
 
 
@@ -57,7 +59,8 @@ def comparison(table: Table, key: str) -> tuple[list[str], list[list[str]]]:
         if d is None:
             lines.append([row_label(row), str(cell.n), "no baseline run with a shared seed", "", ""] + paper + [""])
             continue
-        interval = "" if d.low is None else f" [{_signed(d.low, table.evaluation)}, {_signed(d.high, table.evaluation)}]"
+        interval = "" if d.low is None else \
+            f" [{_signed(d.low, table.evaluation)}, {_signed(d.high, table.evaluation)}]"
         relative = "" if d.relative is None else f"{d.relative:+.2f}%"
         needed = ""
         if d.std:
@@ -106,7 +109,8 @@ def latex(table: Table) -> str:
         text = esc(ours(c, table.evaluation))
         text = rf"\textbf{{{text}}}" if c.rank == 1 else rf"\underline{{{text}}}" if c.rank == 2 else text
         if c.paper is not None:
-            text += rf" {{\scriptsize({fmt_number(c.paper)}" + (f", {c.delta:+.2f}" if c.delta is not None else "") + ")}"
+            delta = f", {c.delta:+.2f}" if c.delta is not None else ""
+            text += rf" {{\scriptsize({fmt_number(c.paper)}" + delta + ")}"
         return text
 
     def tabular(headers: list[str], rows: list[list[str]]) -> list[str]:
