@@ -286,6 +286,10 @@ class MLflowLogger:
         self.flush()
         if self._system is not None:
             self._system.finish()
+            samples = self._system.aggregate_metrics()   # taken since it last logged: all of a short run's
+            if samples:
+                self._system.publish_metrics(samples)
+                self._system.mlflow_logger.flush()
             self._system = None
 
 
