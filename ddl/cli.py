@@ -6,32 +6,54 @@ Nothing heavy is imported here, so `ddl-run --help` and dry runs stay fast.
 from __future__ import annotations
 
 import os
-import re
 import sys
 
 
-def _one_line(err: BaseException) -> str:
-    """Hydra's multi-line composition errors, condensed to `key=value: what is allowed`."""
-    text = str(err)
-    missing = re.search(r"Could not find '([^']+)/([^']+)'", text)
-    if missing:
-        group, option = missing.groups()
-        options = re.findall(r"^\t(\S+)$", text, flags=re.M)
-        allowed = f"must be one of {', '.join(options)}" if options else "no such option"
-        return f"{group.split('/')[-1]}={option}: {allowed}"
-    resolver = re.search(r"raised while resolving interpolation: (.+)", text)   # ${folder_name:...}
-    if resolver:
-        return resolver.group(1).strip()
-    override = re.search(r"Could not override '([^']+)'", text)
-    if override:
-        from .launch.spec import unknown_key
-        return unknown_key(override.group(1))
-    ambiguous = re.search(r"Ambiguous value for argument '([^=']+)=([^']*)'", text)
-    if ambiguous:
-        key, values = ambiguous.groups()
-        return f"{key}={values}: several values make a sweep; add -m (ddl-run -m {key}={values})"
-    first = next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
-    return first
+def _one_line(err: BaseException, argv: list[str]) -> str:
+    """Hydra's composition errors as `key=value: what is allowed`, from what the exceptions carry: the
+    missing option and the group's options, the OmegaConf error behind a refused override (its key, value
+    and the schema's type), a resolver's own error. Hydra refuses a sweep without -m with text only: the
+    override is found by Hydra's own parser. Anything else: Hydra's message, on one line."""
+    from hydra.errors import MissingConfigException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    from .launch import schema
+    if isinstance(err, MissingConfigException) and "/" in (err.missing_cfg_file or ""):
+        group, option = err.missing_cfg_file.rsplit("/", 1)
+        return f"{group}={option}: " + (f"must be one of {', '.join(err.options)}" if err.options else "no such option")
+    cause = _origin(err)
+    if isinstance(cause, ValidationError):               # a value of the wrong type for its key
+        return schema.type_error(cause)
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:   # key=value of no key
+        return schema.unknown_key(cause.full_key)
+    if isinstance(cause, ValueError) and cause is not err:   # a resolver's one line: ${folder_name:...}
+        return str(cause)
+    sweep = _sweep_without_m(argv)
+    if sweep:
+        return f"{sweep}: several values make a sweep; add -m (ddl-run -m {sweep})"
+    return " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
+
+
+def _origin(err: BaseException) -> BaseException:
+    """What a Hydra error stands for: the end of its __cause__ chain; behind an interpolation's error, the
+    resolver's own (OmegaConf keeps it as the __context__)."""
+    from omegaconf.errors import InterpolationResolutionError
+    while True:
+        behind = err.__context__ if isinstance(err, InterpolationResolutionError) else err.__cause__
+        if behind is None:
+            return err
+        err = behind
+
+
+def _sweep_without_m(argv: list[str]) -> str | None:
+    """The first override of several values in a command without -m (Hydra's parsers read argv)."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    args = get_args_parser().parse_args(argv)
+    if args.multirun:
+        return None
+    return next((o.input_line for o in OverridesParser.create().parse_overrides(args.overrides)
+                 if o.is_sweep_override()), None)
 
 
 def run_main() -> None:
@@ -50,7 +72,7 @@ def run_main() -> None:
         print(f"ddl-run: error: {err}", file=sys.stderr)
         sys.exit(2)
     except (HydraException, OmegaConfBaseException) as err:
-        print(f"ddl-run: error: {_one_line(err)}", file=sys.stderr)
+        print(f"ddl-run: error: {_one_line(err, argv)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("ddl-run: stopped by SIGINT (its run, if one was opened, is KILLED); run the same command to resume "

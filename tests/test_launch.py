@@ -125,7 +125,7 @@ def test_wall_time_schedules_the_longest_jobs_first():
 
 @pytest.mark.slow
 def test_a_failing_job_does_not_stop_its_siblings(ddl_home):
-    out = run_cli("ddl-run", "-m", *SMOKE, "model.init=gpt2", "+model.init_std=0.02,1e15", "experiment=failing")
+    out = run_cli("ddl-run", "-m", *SMOKE, "model.init=gpt2", "model.init_std=0.02,1e15", "experiment=failing")
     assert out.returncode == 1
     assert "1 finished, 0 skipped, 1 failed" in out.stdout and "NonFiniteLoss" in out.stdout
     states = sorted((r.data.params["model.init_std"], r.info.status) for r in mlflow_runs("failing"))
@@ -155,18 +155,26 @@ def test_an_unavailable_hub_task_keeps_the_training_results(ddl_home, tmp_path):
 @pytest.mark.parametrize("override, message", [
     ("model=huge", "model=huge: must be one of medium, micro, small, tiny"),
     ("dv=0", "dv=0: must be an integer >= 1"),
-    ("beta_init=3", "beta_init=3: must be a number in [0, 2]"),
+    ("beta_init=3", "beta_init=3.0: must be a number in [0, 2]"),
     ("dv=2 conv=cc ddl.state_conv_kernel=3", "state_conv_kernel=3: must be <= dv=2 for conv=cc"),
     ("train.steps=-5", "train.steps=-5: must be an integer >= 1"),
+    ("dv=abc", "dv='abc': must be an integer"),
+    ("train.steps=1.5", "train.steps=1.5: must be an integer"),
+    ("train.compile=maybe", "train.compile='maybe': must be true or false"),
+    ("ddl=3", "ddl=3: must be a group of keys (beta_estimator, "),
     ("foo=1", "foo: unknown key"),
     ("train.max_steps=100", "train.max_steps: unknown key; did you mean train.steps?"),
-    ("model.rope_base=500", "model.rope_base: the YAML leaves it out; set it as +model.rope_base=<value>"),
+    ("lr=3", "lr: unknown key; did you mean train.lr?"),
+    ("+model.rope_base=500", "An item is already at 'model.rope_base'. Either remove + prefix: 'model.rope_base=500'"),
     ("residual=sum", "residual='sum': must be one of baseline, ddl"),
     ("data.tokenizer=words", "data.tokenizer='words': must be one of byte, bpe, gpt2"),
-    ("data=files", "data.files=???: needs a value"),
-    ("+train.lrr=1", "train.lrr=1: unknown key; train has batch_tokens"),
-    ("+lr=3", "lr=3: unknown key; the keys are model, data, train"),
-    ("eval=offline eval.shots=[one]", "eval.shots=['one']: must be a list of integers >= 0"),
+    ("data=files", "data.files=None: source=files needs a glob"),
+    ("+train.lrr=1", "train.lrr=1: unknown key; did you mean train.lr?"),
+    ("+lr=3", "lr=3: unknown key; did you mean train.lr?"),
+    ("+model.size_name=x", "model.size_name='x': unknown key; did you mean model.size?"),
+    ("eval=offline eval.shots=[one]", "eval.shots[0]='one': must be an integer"),
+    ("eval.shots=3", "eval.shots=3: must be a list of integers"),
+    ("hydra/launcher=nope", "hydra/launcher=nope: must be one of "),
     ("experiment=", "experiment='': must be a non-empty name"),
 ])
 @pytest.mark.parametrize("mode", [[], ["-m"]])
@@ -232,3 +240,61 @@ def test_a_plan_collapses_jobs_of_one_signature_without_running_anything(ddl_hom
     assert plan.duplicates == {plan.jobs[2].signature: [["residual=baseline", "dv=4"]]}
     assert plan.headline().startswith("4 override sets -> 3 distinct jobs (1 share a signature")
     assert plan.finished() == {} and not (ddl_home / "runs").exists()
+
+
+def _compose(overrides):
+    from hydra import compose, initialize_config_dir
+
+    from ddl.launch.configs import conf_dir, register
+    register()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        return compose("config", overrides=list(overrides))
+
+
+def test_every_field_of_the_config_dataclasses_is_a_key_of_its_group():
+    """The schema is read off the dataclasses: a field added to one is a ddl-run key, typed, with its default."""
+    import dataclasses
+
+    from ddl.data import DataConfig
+    from ddl.eval.config import EvalConfig
+    from ddl.launch.schema import AXES, known_keys
+    from ddl.model import ModelConfig
+    from ddl.train import TrainConfig
+    keys = known_keys()
+    for group, source in (("data", DataConfig), ("train", TrainConfig), ("eval", EvalConfig)):
+        fields = {f.name for f in dataclasses.fields(source)}
+        assert {k.split(".")[1] for k in keys if k.startswith(f"{group}.")} == fields
+    model_keys = [k.split(".")[-1] for k in keys if k.startswith(("model.", "ddl.")) or k in AXES]
+    assert sorted(model_keys) == sorted({f.name for f in dataclasses.fields(ModelConfig)} - {"vocab_size"} | {"size"})
+    cfg = _compose(["model.rope_base=500", "ddl.beta_hidden=64", "train.beta2=0.99", "eval.limit=3"])
+    assert (cfg.model.rope_base, cfg.ddl.beta_hidden, cfg.train.beta2, cfg.eval.limit) == (500.0, 64, 0.99, 3)
+    assert cfg.model.init_std == ModelConfig().init_std and cfg.model.n_layer is None   # null: the size's value
+
+
+def test_hydra_itself_refuses_unknown_keys_and_wrong_types():
+    from hydra.errors import ConfigCompositionException
+    for override in ("train.lrr=1", "dv=abc", "ddl.k_eps=small", "eval.shots=[one]", "model.size=[1]"):
+        with pytest.raises(ConfigCompositionException):
+            _compose([override])
+
+
+def test_every_preset_and_named_sweep_composes_under_the_schema(ddl_home):
+    """Each conf/<group>/ option and each sweep's defaults merge into the typed schema and make a valid job."""
+    import pickle
+
+    from omegaconf import OmegaConf
+
+    from ddl.launch.configs import conf_dir, sweeps_dir
+    from ddl.launch.spec import Job
+    sets = [[f"{group.name}={option.stem}"] for group in conf_dir().iterdir()
+            if group.is_dir() and group.name not in ("hydra", "variant") for option in group.glob("*.yaml")]
+    sets += [[f"+variant={v.stem}"] for v in (conf_dir() / "variant").glob("*.yaml")]
+    sets += [[f"+sweep={s.stem}"] for s in sweeps_dir().glob("*.yaml")]
+    assert len(sets) > 20
+    for overrides in sets:
+        overrides += {"data=files": ["data.files=corpus/*.txt"], "train=paper": ["model=small"]}.get(overrides[0], [])
+        cfg = _compose(overrides)
+        job = Job.from_config(cfg, overrides)
+        again = pickle.loads(pickle.dumps(cfg))          # a submitit job gets its config pickled
+        assert OmegaConf.get_type(again) is OmegaConf.get_type(cfg)
+        assert Job.from_config(again).signature == job.signature

@@ -15,7 +15,7 @@ def report(module_ddl_home):
     for arms in (["residual=ddl,baseline", "dv=1,4"], ["residual=ddl,baseline", "dv=4", "seed=1"]):  # d_v=1: one seed
         sweep = run_cli("ddl-run", "-m", *arms, *MICRO, "eval=offline", "eval.limit=20")
         assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-2000:]
-    failing = run_cli("ddl-run", "dv=4", "conv=cc", *MICRO, "model.init=gpt2", "+model.init_std=1e15")
+    failing = run_cli("ddl-run", "dv=4", "conv=cc", *MICRO, "model.init=gpt2", "model.init_std=1e15")
     assert failing.returncode != 0
     small = run_cli("ddl-run", "residual=baseline", "model=small", "train=smoke", "experiment=report",
                     "train.steps=1", "train.seq_len=32", "train.micro_batch=2", "train.batch_tokens=64",

@@ -24,7 +24,7 @@ def slurm(system_slurm_decoys, slurm_cluster):
 @pytest.mark.slow
 def test_a_sweep_runs_as_real_sbatch_jobs_and_a_failure_is_failed(slurm, ddl_home):
     out = run_cli("ddl-run", "-m", "residual=ddl,baseline", *MICRO, *SLURM, "model.init=gpt2",
-                  "+model.init_std=0.02,1e15", "experiment=slurm")
+                  "model.init_std=0.02,1e15", "experiment=slurm")
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     assert "2 finished, 0 skipped, 2 failed" in out.stdout
     runs = mlflow_runs("slurm")

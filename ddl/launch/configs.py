@@ -35,7 +35,8 @@ def sweeps_dir() -> Path:
 
 
 def register() -> None:
-    """Named sweeps -> ConfigStore group `sweep` (global package); resolvers `${ddl_home:}` (Hydra's
+    """ddl-run's schema -> ConfigStore `ddl_schema` (ddl.launch.schema; config.yaml's first default); named
+    sweeps -> group `sweep` (global package); resolvers `${ddl_home:}` (Hydra's
     dirs), `${folder_name:NAME}` (the experiment checked before Hydra makes a folder of it) and
     `${one_task_per_gpu:N}` (SLURM tasks per node: one per GPU, at least one)."""
     from hydra.core.config_store import ConfigStore
@@ -43,8 +44,10 @@ def register() -> None:
 
     from .. import paths
     from ..validation import safe_name
+    from .schema import RunSchema
 
     store = ConfigStore.instance()
+    store.store(name="ddl_schema", node=RunSchema, provider="ddl")
     for path in sorted(sweeps_dir().glob("*.yaml")):
         store.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_", provider="ddl")
     for name, schema in launcher_schemas().items():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
@@ -17,60 +16,32 @@ from ..model.config import DDL_KNOBS
 from ..train import RunConfig, TrainConfig
 from ..validation import safe_name
 from .configs import ConfigError
-
-# ddl-run's composed config: these keys and nothing else (an unknown one would be silently ignored).
-TOP_LEVEL_KEYS = ("model", "data", "train", "eval", "ddl", "residual", "dv", "conv", "mapping", "beta_init", "seed",
-                  "experiment", "dry_run")
+from .schema import AXES, undeclared, unknown_key
 
 
-GROUP_SCHEMAS = {"model": ModelConfig, "ddl": ModelConfig, "data": DataConfig, "train": TrainConfig,
-                 "eval": EvalConfig}
-
-
-def known_keys() -> list[str]:
-    """Every key ddl-run reads: the top-level axes and each group's dataclass fields."""
-    keys = [k for k in TOP_LEVEL_KEYS if k not in GROUP_SCHEMAS]
-    return keys + [f"{group}.{f.name}" for group, schema in GROUP_SCHEMAS.items() for f in dataclasses.fields(schema)]
-
-
-def unknown_key(key: str) -> str:
-    """The one line for an override of a key the composed config lacks: a real field the YAML leaves
-    out is set with +; otherwise the closest real key."""
-    import difflib
-    keys = known_keys()
-    if key in keys:
-        return f"{key}: the YAML leaves it out; set it as +{key}=<value>"
-    near = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
-    return f"{key}: unknown key" + (f"; did you mean {near[0]}?" if near else " (ddl-run --help lists them)")
-
-
-def _group(cfg: DictConfig, group: str, schema: type, extra: tuple[str, ...] = ()) -> dict:
-    """The group's set values, checked against the dataclass it fills: one line for an unknown key
-    or a required value left unset (???)."""
+def _group(cfg: DictConfig, group: str) -> dict:
+    """The group's values but nulls (a null takes the dataclass's default, or the size's); one line for a
+    required value left unset (???)."""
     try:
         values = OmegaConf.to_container(cfg[group], resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as err:
         raise ConfigError(f"{err.full_key}=???: needs a value (see conf/{group}/)") from None
-    known = {f.name for f in dataclasses.fields(schema)} | set(extra)
-    for key, value in values.items():
-        if key not in known:
-            raise ConfigError(f"{group}.{key}={value}: unknown key; {group} has {', '.join(sorted(known))}")
     return {k: v for k, v in values.items() if v is not None}
 
 
 def run_config(cfg: DictConfig) -> RunConfig:
-    unknown = [key for key in cfg if key not in TOP_LEVEL_KEYS and key != "hydra"]  # a sweep's job config has hydra
-    if unknown:
-        raise ConfigError(f"{unknown[0]}={cfg[unknown[0]]}: unknown key; the keys are {', '.join(TOP_LEVEL_KEYS)} "
-                          f"(ddl-run --help)")
+    """The composed config (keys and types already Hydra's, through ddl.launch.schema) -> the RunConfig its
+    dataclasses validate."""
+    added = undeclared(cfg)
+    if added:
+        raise ConfigError(unknown_key(added, OmegaConf.select(cfg, added)))
     try:
-        data = DataConfig(**_group(cfg, "data", DataConfig))
-        model_node = _group(cfg, "model", ModelConfig, extra=("size",))
-        size = model_node.pop("size", None)
-        axes = dict(residual=cfg.residual, dv=cfg.dv, conv=cfg.conv, mapping=cfg.mapping, beta_init=cfg.beta_init)
-        model = model_config(size, vocab_size=data.model_vocab_size(), **axes, **_group(cfg, "ddl", ModelConfig),
-                             **model_node)
-        return RunConfig(model, data, TrainConfig(**_group(cfg, "train", TrainConfig)), cfg.seed)
+        data = DataConfig(**_group(cfg, "data"))
+        model_node = _group(cfg, "model")
+        axes = {axis: cfg[axis] for axis in AXES}
+        model = model_config(model_node.pop("size"), vocab_size=data.model_vocab_size(), **axes,
+                             **_group(cfg, "ddl"), **model_node)
+        return RunConfig(model, data, TrainConfig(**_group(cfg, "train")), cfg.seed)
     except (TypeError, ValueError) as err:  # TypeError: a value of the wrong kind reached a check
         raise ConfigError(str(err)) from None
 
@@ -78,7 +49,7 @@ def run_config(cfg: DictConfig) -> RunConfig:
 def eval_config(cfg: DictConfig) -> EvalConfig:
     from ..eval.harness import check_tasks
     try:
-        evaluation = EvalConfig(**_group(cfg, "eval", EvalConfig))
+        evaluation = EvalConfig(**_group(cfg, "eval"))
         check_tasks(evaluation.tasks)
         return evaluation
     except ValueError as err:
