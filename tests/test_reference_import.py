@@ -27,6 +27,8 @@ def test_an_imported_checkpoint_is_evaluated_and_reported(ddl_home, tmp_path):
     assert run.info.status == "FINISHED" and signature.startswith("ref-")
     assert run.data.tags["ddl.imported_from"] == str(checkpoint)
     assert run.data.params["model.row"] == "ddl_dv4" and run.data.params["model.init"] == "reference"
+    assert int(run.data.params["model.params"]) > int(run.data.params["model.ddl_extra_params"]) > 0   # as a job's
+    assert run.data.params["seed"] == "imported" and not any(k.startswith("train.") for k in run.data.params)
     evaluated = run_cli("ddl-eval", signature, "--tasks", "ddl_continuation", "--limit", "8")
     assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
     assert "logged to MLflow run(s)" in evaluated.stdout

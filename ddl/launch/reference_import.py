@@ -44,7 +44,7 @@ def import_reference(path: Path, variant: str, data: str, experiment: str, max_s
     from ..track import store
     from ..train import RunConfig, TrainConfig
     from ..train import checkpoint
-    from .spec import flatten, row_name, size_name
+    from .spec import row_name, run_params
 
     if not path.is_file():
         raise ValueError(f"checkpoint={str(path)!r}: no such file")
@@ -56,9 +56,8 @@ def import_reference(path: Path, variant: str, data: str, experiment: str, max_s
     run_dir = paths.runs_dir() / signature
     checkpoint.save(run_dir, {"model": model.state_dict(), "run": run.to_dict(), "step": 0, "signature": signature,
                               "dataset": str(paths.data_dir() / data_cfg.dataset_name())}, keep=1)
-    params = {**flatten({"model": run.effective_dict()["model"], "data": run.effective_dict()["data"]}),
-              "model.size": size_name(model.cfg), "model.row": row_name(model.cfg),
-              "seed": "imported"}      # one trained model; the report pairs imported runs with each other
+    params = {key: value for key, value in run_params(run).items() if not key.startswith("train.")}  # not ours
+    params["seed"] = "imported"     # one trained model; the report pairs imported runs with each other
     tags = {"ddl.imported_from": str(path.resolve()), "ddl.imported_sha256": digest, "ddl.launcher": "import",
             "ddl.tokenizer": data_cfg.tokenizer, "ddl.loss_unit": f"nats/token ({data_cfg.tokenizer})",
             "ddl.row": row_name(model.cfg), "ddl.sweep": experiment}

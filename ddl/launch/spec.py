@@ -120,11 +120,15 @@ class Job:
         return f"{row_name(self.run.model)}-{size_name(self.run.model)}-s{self.run.seed}"
 
     def params(self) -> dict:
-        """MLflow's params: what shapes the run (a baseline logs no Delta knob), its size, row and
-        parameter counts (total and what the Delta residual adds)."""
-        model = self.run.model
-        params = flatten(self.run.effective_dict())
-        if model.residual == "baseline":
-            params = {k: v for k, v in params.items() if k.removeprefix("model.") not in DDL_KNOBS}
-        return {**params, "model.size": size_name(model), "model.row": row_name(model),
-                "model.params": param_count(model), "model.ddl_extra_params": ddl_extra_params(model)}
+        return run_params(self.run)
+
+
+def run_params(run: RunConfig) -> dict:
+    """MLflow's params of a run: what shapes it (a baseline logs no Delta knob), its size, row and
+    parameter counts (total and what the Delta residual adds). A trained job's and an imported checkpoint's."""
+    model = run.model
+    params = flatten(run.effective_dict())
+    if model.residual == "baseline":
+        params = {k: v for k, v in params.items() if k.removeprefix("model.") not in DDL_KNOBS}
+    return {**params, "model.size": size_name(model), "model.row": row_name(model),
+            "model.params": param_count(model), "model.ddl_extra_params": ddl_extra_params(model)}
