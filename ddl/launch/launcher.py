@@ -58,6 +58,7 @@ class SweepLauncher(BaseSubmititLauncher):
 
     # -- submission -------------------------------------------------------------------------
     def executor(self):
+        """Upstream's executor, built as its `launch` builds it inline (no method of its own to call)."""
         import submitit
         params = dict(self.params)
         folder = params.pop("submitit_folder")
