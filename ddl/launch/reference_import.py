@@ -56,7 +56,7 @@ def import_reference(path: Path, variant: str, data: str, experiment: str, max_s
     run_dir = paths.runs_dir() / signature
     checkpoint.save(run_dir, {"model": model.state_dict(), "run": run.to_dict(), "step": 0, "signature": signature,
                               "dataset": str(paths.data_dir() / data_cfg.dataset_name())}, keep=1)
-    params = {key: value for key, value in run_params(run).items() if not key.startswith("train.")}  # not ours
+    params = {key: value for key, value in run_params(run).items() if not key.startswith("train.")}  # not trained here
     params["seed"] = "imported"     # one trained model; the report pairs imported runs with each other
     tags = {"ddl.imported_from": str(path.resolve()), "ddl.imported_sha256": digest, "ddl.launcher": "import",
             "ddl.tokenizer": data_cfg.tokenizer, "ddl.loss_unit": f"nats/token ({data_cfg.tokenizer})",
