@@ -34,9 +34,11 @@ from .train.distributed import keep_freed_memory
 
 DDL_ARMS = {"ddl_dv1": dict(residual="ddl", dv=1), "ddl_dv4": dict(residual="ddl", dv=4),
             "ddl_dv4_cc": dict(residual="ddl", dv=4, conv="cc"), "ddl_dv4_ec": dict(residual="ddl", dv=4, conv="ec")}
-# Each DDL arm twice: the hand-fused autograd kernels (default) and the same ops through torch.compile.
+# Each DDL arm twice: the hand-fused autograd kernels (default) and the same ops through torch.compile;
+# DeltaProduct (n_h = 2 Delta updates a sublayer) with the fused kernels.
 ARMS = {"baseline": dict(residual="baseline"), **DDL_ARMS,
-        **{f"{name}_compiled": dict(arm, kernels="compiled") for name, arm in DDL_ARMS.items()}}
+        **{f"{name}_compiled": dict(arm, kernels="compiled") for name, arm in DDL_ARMS.items()},
+        "ddl_dv1_nh2": dict(residual="ddl", dv=1, n_h=2), "ddl_dv4_nh2": dict(residual="ddl", dv=4, n_h=2)}
 CPU_SHAPE = dict(n_layer=4, n_head=4, d_model=256, max_seq_len=256, vocab_size=256)
 TARGETS = {"ddl_dv1": 1.05, "ddl_dv4": 1.25}
 MEMORY_TARGET = 1.5

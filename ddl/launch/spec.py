@@ -73,7 +73,7 @@ def row_name(model: ModelConfig) -> str:
     if model.residual == "baseline":
         return "baseline"
     name = f"ddl_dv{model.dv}" + ("" if model.conv == "none" else f"_{model.conv}")
-    return name + ("_vmap" if model.mapping == "v" else "")
+    return name + ("_vmap" if model.mapping == "v" else "") + (f"_nh{model.n_h}" if model.n_h > 1 else "")
 
 
 def size_name(model: ModelConfig) -> str:

@@ -14,6 +14,12 @@ Knob semantics (paper sections 3-4, appendix B; the reference implementation whe
   code's default, what its models were trained with) or 'causal' (left K-1; paper appendix B.3
   and the reference's accelerated file behind a flag that is off by default).
 - beta_init: the gate's value at init, in [0, 2]; the gate bias is logit(beta_init / 2).
+- n_h: Delta updates per sublayer (DeltaProduct, Siems et al. 2025, applied depth-wise): the state
+  goes through n_h updates in sequence, a product of n_h generalised Householder transitions.
+  Step 1 is the paper's; each further step j has its own key map W_k^j h (a d x d Linear of the
+  sublayer output, as DeltaProduct gives each step its own key projection: the composed write
+  has rank n_h only if the keys can point apart), its own gate beta_j (of c) and value map
+  (of x_in, k-Map; of h, v-Map). n_h = 1 is the paper's model, with its signature.
 - init: how weights start. 'reference' (the reference code's init_gpt_weights, what the paper's
   numbers came from): tied embedding N(0, init_std), every other matrix and conv kernel
   N(0, 0.5/sqrt(d)), the attention and MLP output projections N(0, 0.5/sqrt(d L)), W_v's bias
@@ -49,7 +55,10 @@ CC_PADDINGS = ("centered", "causal")
 QK_NORMS = ("after_rope", "before_rope")
 # The knobs of the Delta residual: none of them shapes a baseline.
 DDL_KNOBS = ("dv", "conv", "mapping", "beta_init", "beta_estimator", "beta_hidden", "k_eps", "kernels",
-             "v_sigmoid_scale", "state_conv_kernel", "embed_conv_kernel", "read_init", "cc_padding")
+             "v_sigmoid_scale", "state_conv_kernel", "embed_conv_kernel", "read_init", "cc_padding", "n_h")
+# Fields added after run signatures were first written, with the value every earlier run had: at
+# that value a field is left out of the run's effective config, so earlier signatures still hold.
+LATER_FIELDS = dict(n_h=1)
 # What a config saved before these fields existed was built with (a checkpoint written before
 # reference parity): loading it with these values computes the function it was trained as.
 PRE_PARITY = dict(init="gpt2", norm_eps=1e-6, qk_norm="before_rope", cc_padding="causal")
@@ -95,10 +104,11 @@ class ModelConfig:
     norm_eps: float = 1e-5
     qk_norm: str = "after_rope"
     cc_padding: str = "centered"
+    n_h: int = 1
 
     def __post_init__(self) -> None:
         for key in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len", "dv", "beta_hidden",
-                    "embed_conv_kernel"):
+                    "embed_conv_kernel", "n_h"):
             _need_int(key, getattr(self, key), 1)
         _need_choice("residual", self.residual, RESIDUALS)
         _need_choice("conv", self.conv, CONVS)
@@ -203,7 +213,8 @@ def ddl_extra_params(cfg: ModelConfig) -> int:
         return 0
     d, dv = cfg.d_model, cfg.dv
     gate = d + 1 if cfg.beta_estimator == "linear" else d * cfg.beta_hidden + cfg.beta_hidden + 1
-    per_delta = gate + d * dv + dv + (d * d if cfg.mapping == "v" else 0)
+    further_steps = (cfg.n_h - 1) * (d * d + gate + d * dv + dv)      # W_k^j, gate and value map of steps j >= 2
+    per_delta = gate + d * dv + dv + (d * d if cfg.mapping == "v" else 0) + further_steps
     compressor = (d if cfg.channel_conv else d * dv) * cfg.state_kernel + dv if cfg.expanded else 0
     expander = d * dv * cfg.embed_conv_kernel if cfg.expanded and cfg.embed_conv else 0
     return cfg.n_layer * (2 * per_delta + compressor) + (compressor + expander)

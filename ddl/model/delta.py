@@ -62,11 +62,46 @@ class SublayerInput(NamedTuple):
     v_pre: torch.Tensor | None
 
 
-class DeltaResidual(nn.Module):
-    """Produces (k~, beta, v) for one sublayer and applies the Delta update to the state.
+def make_beta_gate(cfg: ModelConfig) -> nn.Module:
+    """The beta estimator of appendix B: a Linear d->1, or d->hidden->tanh->1."""
+    if cfg.beta_estimator == "linear":
+        return nn.Linear(cfg.d_model, 1, bias=True)
+    return nn.Sequential(nn.Linear(cfg.d_model, cfg.beta_hidden, bias=False), nn.Tanh(),
+                         nn.Linear(cfg.beta_hidden, 1, bias=True))
 
-    Returns the new state and the factors of its rank-1 write (w (B,T,dv), k~ (B,T,d)):
-    X_new = X + w k~^T (see delta_update).
+
+def gate_output(beta_gate: nn.Module) -> nn.Linear:
+    """The gate's last Linear, whose bias sets beta at init."""
+    return beta_gate if isinstance(beta_gate, nn.Linear) else beta_gate[-1]
+
+
+def gate_value(logits: torch.Tensor) -> torch.Tensor:
+    """beta = 2 sigmoid(logits), in at least fp32."""
+    return 2.0 * torch.sigmoid(logits.to(at_least_fp32(logits.dtype)))
+
+
+class FurtherDeltaStep(nn.Module):
+    """Step j >= 2 of a DeltaProduct sublayer (ModelConfig.n_h): k~_j = W_k^j h, beta_j of c,
+    v_j = s sigmoid(W_v^j u) with u = x_in (k-Map) or h (v-Map)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.W_k = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.beta_gate = make_beta_gate(cfg)
+        self.W_v = nn.Linear(cfg.d_model, cfg.dv, bias=True)
+        self.value_of_h = cfg.mapping == "v"
+
+    def components(self, h: torch.Tensor, inp: SublayerInput, v_scale: float):
+        v = v_scale * torch.sigmoid(self.W_v(h if self.value_of_h else inp.x_in))
+        return self.W_k(h), gate_value(self.beta_gate(inp.c)), v
+
+
+class DeltaResidual(nn.Module):
+    """Produces (k~, beta, v) for one sublayer and applies the Delta update to the state, n_h times
+    in sequence (steps j >= 2: FurtherDeltaStep).
+
+    Returns the new state and the factors of each step's rank-1 write [(w_j (B,T,dv), k~_j (B,T,d))]:
+    X_new = X + sum_j w_j k~_j^T (see delta_update).
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -76,16 +111,16 @@ class DeltaResidual(nn.Module):
         self.read_k_from_context = cfg.dv == 1  # v-Map: phi_k(x_ctx) for d_v=1, phi_k(x_in) for d_v>1
         self.k_eps = cfg.k_eps
         self.v_scale = cfg.v_sigmoid_scale
-        if cfg.beta_estimator == "linear":
-            self.beta_gate = nn.Linear(d, 1, bias=True)
-        else:
-            self.beta_gate = nn.Sequential(nn.Linear(d, cfg.beta_hidden, bias=False), nn.Tanh(),
-                                           nn.Linear(cfg.beta_hidden, 1, bias=True))
+        self.beta_gate = make_beta_gate(cfg)
         self.W_v = nn.Linear(d, cfg.dv, bias=True)
         self.phi_k = nn.Linear(d, d, bias=False) if cfg.mapping == "v" else None
+        self.further = nn.ModuleList(FurtherDeltaStep(cfg) for _ in range(cfg.n_h - 1))
         self.beta_bias_init = _logit(cfg.beta_init / 2.0)
         self.update = delta_kernels(cfg.kernels).update
-        self.last_beta: torch.Tensor | None = None  # (B,T,1), detached, for beta_stats()
+        self.last_betas: list[torch.Tensor] = []  # per step, (B,T,1), detached, for beta_stats()
+
+    def gate_outputs(self) -> list[nn.Linear]:
+        return [gate_output(self.beta_gate)] + [gate_output(step.beta_gate) for step in self.further]
 
     def read_input(self, x_in: torch.Tensor, norm: nn.RMSNorm) -> SublayerInput:
         """c = norm(x_in) and the gates' linear maps of c and x_in (without biases), in one op."""
@@ -95,24 +130,25 @@ class DeltaResidual(nn.Module):
         return SublayerInput(x_in, c, beta_pre, v_pre if self.mapping == "k" else None)
 
     def components(self, h: torch.Tensor, inp: SublayerInput):
-        """k~ (B,T,d), the key before its normalisation (the update's), beta (B,T,1) fp32, v (B,T,dv)."""
+        """Step 1's k~ (B,T,d), the key before its normalisation (the update's), beta (B,T,1) fp32, v (B,T,dv)."""
         if isinstance(self.beta_gate, nn.Linear):
             logits = inp.beta_pre + self.beta_gate.bias
         else:
             logits = self.beta_gate[1:](inp.beta_pre)                         # tanh, then the output layer
-        beta = 2.0 * torch.sigmoid(logits.to(at_least_fp32(logits.dtype)))
         if self.mapping == "k":
             k_raw, v_raw = h, inp.v_pre + self.W_v.bias
         else:
             k_raw, v_raw = self.phi_k(inp.c if self.read_k_from_context else inp.x_in), self.W_v(h)
-        v = self.v_scale * torch.sigmoid(v_raw)
-        return k_raw, beta, v
+        return k_raw, gate_value(logits), self.v_scale * torch.sigmoid(v_raw)
 
     def forward(self, X: torch.Tensor, h: torch.Tensor, inp: SublayerInput):
-        k_raw, beta, v = self.components(h, inp)
-        self.last_beta = beta.detach()
-        X, w = self.update(X, k_raw, beta, v, self.k_eps)
-        return X, w, k_raw
+        steps = [self.components(h, inp)] + [step.components(h, inp, self.v_scale) for step in self.further]
+        self.last_betas = [beta.detach() for _, beta, _ in steps]
+        writes = []
+        for k_raw, beta, v in steps:                      # X <- (I - beta_j k_j k_j^T) X + beta_j k_j v_j^T
+            X, w = self.update(X, k_raw, beta, v, self.k_eps)
+            writes.append((w, k_raw))
+        return X, writes
 
 
 def expand_state(x: torch.Tensor, E: torch.Tensor) -> torch.Tensor:

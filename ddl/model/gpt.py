@@ -110,13 +110,22 @@ class DeltaBlock(nn.Module):
         """x_in: read(X) when the caller has it cheaper than a pass over X."""
         x_in = self.read(X) if x_in is None else x_in
         inp = self.delta_attn.read_input(x_in, self.norm_attn)
-        X, w, k_raw = self.delta_attn(X, self.attn(inp.c, cos, sin), inp)
+        X, writes = self.delta_attn(X, self.attn(inp.c, cos, sin), inp)
         if self.compress is None:
             x_in = self.read(X)
-        else:                                  # read(X + w k~^T), without another pass over X
-            x_in = x_in + self.compress.read_write(w, k_raw)
+        else:                                  # read(X + sum_j w_j k~_j^T), without another pass over X
+            for w, k_raw in writes:
+                x_in = x_in + self.compress.read_write(w, k_raw)
         inp = self.delta_mlp.read_input(x_in, self.norm_mlp)
         return self.delta_mlp(X, self.mlp(inp.c), inp)[0]
+
+
+def effective_rank(X: torch.Tensor) -> torch.Tensor:
+    """exp(entropy of the normalised singular values) of each d x d_v state: X (..., dv, d) -> (...),
+    in [1, d_v] (1: a rank-1 state, d_v: d_v equal singular values)."""
+    s = torch.linalg.svdvals(X.to(at_least_fp32(X.dtype)))
+    p = s / s.sum(-1, keepdim=True).clamp_min(torch.finfo(s.dtype).tiny)
+    return torch.special.entr(p).sum(-1).exp()
 
 
 class GPT(nn.Module):
@@ -143,8 +152,8 @@ class GPT(nn.Module):
         else:
             self._init_gpt2()
         for _, delta in self.delta_residuals():  # after the generic pass, which may zero biases
-            gate_out = delta.beta_gate if isinstance(delta.beta_gate, nn.Linear) else delta.beta_gate[-1]
-            nn.init.constant_(gate_out.bias, delta.beta_bias_init)       # beta = beta_init at init
+            for gate_out in delta.gate_outputs():
+                nn.init.constant_(gate_out.bias, delta.beta_bias_init)   # beta_j = beta_init at init
 
     def _init_reference(self) -> None:
         """Every matrix and conv kernel N(0, 0.5/sqrt(d)), the output projections N(0, 0.5/sqrt(d L)),
@@ -206,22 +215,45 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def beta_stats(self) -> dict[str, float]:
-        """Per-sublayer beta from the last forward: mean, std, fraction > 1 (negative eigenvalue)."""
+        """Per sublayer and Delta step, beta from the last forward: mean, std, fraction > 1 (a negative
+        eigenvalue: a reflection past the projection). Step 1 is `beta/L00.attn/...`, step j >= 2
+        `beta/L00.attn.j2/...`; `beta/mean` and `beta/frac_gt1` pool every step."""
         stats: dict[str, float] = {}
         betas = []
         for name, module in self.delta_residuals():
-            if module.last_beta is None:
-                continue
-            beta = module.last_beta.flatten()
-            betas.append(beta)
-            stats[f"beta/{name}/mean"] = beta.mean().item()
-            stats[f"beta/{name}/std"] = beta.std().item() if beta.numel() > 1 else 0.0
-            stats[f"beta/{name}/frac_gt1"] = (beta > 1).float().mean().item()
+            for j, beta in enumerate(module.last_betas, start=1):
+                beta = beta.flatten()
+                betas.append(beta)
+                key = name if j == 1 else f"{name}.j{j}"
+                stats[f"beta/{key}/mean"] = beta.mean().item()
+                stats[f"beta/{key}/std"] = beta.std().item() if beta.numel() > 1 else 0.0
+                stats[f"beta/{key}/frac_gt1"] = (beta > 1).float().mean().item()
         if betas:
             every = torch.cat(betas)
             stats["beta/mean"] = every.mean().item()
             stats["beta/frac_gt1"] = (every > 1).float().mean().item()
         return stats
+
+    @torch.no_grad()
+    def state_ranks(self, idx: torch.Tensor) -> dict[str, float]:
+        """`erank/L00`...: the effective rank of the state X (d x d_v) after each block, averaged over
+        the tokens of `idx` (d_v > 1; empty otherwise). See effective_rank."""
+        if not self.cfg.expanded:
+            return {}
+        ranks: dict[str, float] = {}
+
+        def record(i: int):
+            def hook(module, args, X):
+                ranks[f"erank/L{i:02d}"] = effective_rank(X).mean().item()
+            return hook
+
+        handles = [block.register_forward_hook(record(i)) for i, block in enumerate(self.blocks)]
+        try:
+            self(idx)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return ranks
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())  # the tied embedding is counted once

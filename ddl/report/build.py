@@ -1,4 +1,5 @@
-"""`reports/<experiment>/`: every table as .md/.tex/.csv, Figure 2 as PNG/SVG, one index.html.
+"""`reports/<experiment>/`: every table as .md/.tex/.csv, Figure 2 and the Delta diagnostics by layer
+as PNG/SVG, one index.html.
 
 Reads MLflow only (through ddl.track.query). Written into a temporary sibling directory and
 swapped into place, so a reader never sees half a report.
@@ -16,8 +17,8 @@ import pandas as pd
 
 from ..validation import safe_name
 from . import render
-from .figures import loss_curves
-from .tables import Table, accuracy_table, evaluated, loss_table, variant_rows
+from .figures import layer_diagnostics, loss_curves
+from .tables import Table, accuracy_table, deltaproduct_table, evaluated, loss_table, variant_rows
 
 SIZE_ORDER = ["small", "medium", "tiny", "micro"]
 
@@ -45,6 +46,7 @@ def build(experiment: str, runs: pd.DataFrame, histories: pd.DataFrame, out_root
     runs = runs.assign(row=variant_rows(runs))
     sizes, unit = _sizes(runs), _unit(runs)
     tables = [loss_table(runs, sizes, unit)]
+    tables += [t for t in [deltaproduct_table(runs, sizes, unit)] if t is not None]
     for shots, tasks in evaluated(runs):
         tables += [accuracy_table(runs, size, shots, tasks) for size in sizes]
     final = out_root / safe_name("experiment", experiment)    # a folder of out_root's own, never beyond it
@@ -52,7 +54,8 @@ def build(experiment: str, runs: pd.DataFrame, histories: pd.DataFrame, out_root
     staging = Path(tempfile.mkdtemp(prefix=f".{experiment}.", dir=out_root))
     figures = []
     for size in sizes:
-        figures += [f for f in loss_curves(runs, histories, size, unit, staging) if f.endswith(".png")]
+        drawn = loss_curves(runs, histories, size, unit, staging) + layer_diagnostics(runs, size, staging)
+        figures += [f for f in drawn if f.endswith(".png")]
     for table in tables:
         (staging / f"{table.name}.md").write_text(render.markdown(table))
         (staging / f"{table.name}.tex").write_text(render.latex(table))

@@ -65,8 +65,9 @@ def _report(names: list[str] | None, out: Path | None) -> int:
             console.print(against)
         for mark, text in loss.marks().items():
             console.print(f"{mark} {text}")
-        console.print(f"report: {report.path / 'index.html'}  ({len(report.tables)} tables, "
-                      f"{len(list(report.path.glob('figure2_*')))} figures)")
+        tables, figures = len(report.tables), len(list(report.path.glob("*.png")))
+        console.print(f"report: {report.path / 'index.html'}  ({tables} table{'s' * (tables != 1)}, "
+                      f"{figures} figure{'s' * (figures != 1)})")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Figure 2: training (top) and validation (bottom) loss against step, one line per row, per size."""
+"""Figure 2: training (top) and validation (bottom) loss against step, one line per row, per size; and
+the Delta diagnostics by layer at the end of training (beta, the state's effective rank), one line per run."""
 
 from __future__ import annotations
 
@@ -9,11 +10,23 @@ import pandas as pd
 from .tables import row_label
 
 
-def loss_curves(runs: pd.DataFrame, histories: pd.DataFrame, size: str, unit: str, out_dir: Path) -> list[str]:
+def _pyplot():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
 
+
+def _save(fig, stem: str, out_dir: Path) -> list[str]:
+    names = []
+    for ext in ("png", "svg"):
+        fig.savefig(out_dir / f"{stem}.{ext}", dpi=110)
+        names.append(f"{stem}.{ext}")
+    return names
+
+
+def loss_curves(runs: pd.DataFrame, histories: pd.DataFrame, size: str, unit: str, out_dir: Path) -> list[str]:
+    plt = _pyplot()
     subset = runs[runs["params.model.size"] == size]
     fig, axes = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
     for ax, key, label in ((axes[0], "train/loss", "training loss"), (axes[1], "val/loss", "validation loss")):
@@ -32,10 +45,44 @@ def loss_curves(runs: pd.DataFrame, histories: pd.DataFrame, size: str, unit: st
     axes[0].set_title(f"Loss curves, {size} models")
     axes[1].set_xlabel("step")
     fig.tight_layout()
-    names = []
-    for ext in ("png", "svg"):
-        name = f"figure2_{size}.{ext}"
-        fig.savefig(out_dir / name, dpi=110)
-        names.append(name)
+    names = _save(fig, f"figure2_{size}", out_dir)
+    plt.close(fig)
+    return names
+
+
+def _by_layer(run: pd.Series, pattern: str) -> pd.Series:
+    """The run's latest values of the metrics matching `pattern` (a regex with one group: the layer)."""
+    values = run.filter(regex=f"^metrics\\.{pattern}$").dropna()
+    if values.empty:
+        return values
+    layers = values.index.str.extract(f"^metrics\\.{pattern}$", expand=False)
+    return values.astype(float).groupby(layers.values).mean().sort_index()
+
+
+def layer_diagnostics(runs: pd.DataFrame, size: str, out_dir: Path) -> list[str]:
+    """Per layer at the end of training: beta's mean over the layer's sublayers and Delta steps (top)
+    and the effective rank of the state X (bottom, d_v > 1), one line per finished DDL run."""
+    subset = runs[(runs["params.model.size"] == size) & (runs["status"] == "FINISHED")]
+    curves = [(run, _by_layer(run, r"beta/L(\d+)\.\w+(?:\.j\d+)?/mean"), _by_layer(run, r"erank/L(\d+)"))
+              for _, run in subset.iterrows()]
+    curves = [c for c in curves if not c[1].empty]
+    if not curves:
+        return []
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
+    for run, beta, rank in curves:
+        label = f"{row_label(run['row'])} s{run['params.seed']}"
+        line, = axes[0].plot(beta.index.astype(int), beta.values, marker="o", label=label)
+        if not rank.empty:
+            axes[1].plot(rank.index.astype(int), rank.values, marker="o", color=line.get_color(), label=label)
+    axes[0].set_ylabel("beta (mean over tokens, sublayers, steps)")
+    axes[1].set_ylabel("effective rank of X (d_v > 1)")
+    axes[1].set_xlabel("layer")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize="small", ncol=2)
+    axes[0].set_title(f"Delta diagnostics by layer at the end of training, {size} models")
+    fig.tight_layout()
+    names = _save(fig, f"diagnostics_{size}", out_dir)
     plt.close(fig)
     return names

@@ -95,10 +95,17 @@ def paper_values() -> pd.DataFrame:
     return pd.read_csv(resources.files("ddl.report").joinpath("paper_tables.csv").open())
 
 
+def family_and_n_h(row: str) -> tuple[str, int]:
+    """'ddl_dv4_nh2 beta_init=0.5' -> ('ddl_dv4', 2): the row without its DeltaProduct steps, and them."""
+    family, _, n_h = row.partition(" ")[0].partition("_nh")
+    return family, int(n_h or 1)
+
+
 def row_label(row: str) -> str:
-    """'ddl_dv1 beta_init=0.5' -> 'DDL (d_v=1) beta_init=0.5'."""
-    base, _, settings = row.partition(" ")
-    return " ".join(filter(None, (PAPER_ROWS.get(base, base), settings)))
+    """'ddl_dv1 beta_init=0.5' -> 'DDL (d_v=1) beta_init=0.5'; 'ddl_dv4_nh2' -> 'DDL (d_v=4) n_h=2'."""
+    family, n_h = family_and_n_h(row)
+    settings = row.partition(" ")[2]
+    return " ".join(filter(None, (PAPER_ROWS.get(family, family), n_h > 1 and f"n_h={n_h}", settings)))
 
 
 NOT_SETTINGS = {"params.seed", "params.model.size", "params.model.row"}
@@ -247,6 +254,35 @@ def loss_table(runs: pd.DataFrame, sizes: list[str], unit: str) -> Table:
         _compare(table, runs[runs["params.model.size"] == size], [f"{size}/val_loss", f"{size}/val_ppl"])
     table.note = f"Loss in {unit}." + (" Paper values beside runs on its data (FineWeb-Edu, GPT-2 tokens)."
                                        if any(c.paper is not None for c in table.cells.values()) else "")
+    table.rank()
+    return table
+
+
+def deltaproduct_table(runs: pd.DataFrame, sizes: list[str], unit: str) -> Table | None:
+    """DeltaProduct (ModelConfig.n_h), in the paper's style: per size the parameter count and the final
+    validation loss of the baseline and of every DDL row that has an n_h > 1 sibling, n_h ascending;
+    each loss paired with its baseline's. None when no run has n_h > 1."""
+    n_h = pd.to_numeric(runs.get("params.model.n_h", pd.Series(dtype=float)), errors="coerce")
+    families = {family_and_n_h(row)[0] for row in runs.loc[n_h > 1, "row"]}
+    if not families:
+        return None
+    rows = [r for r in _rows(runs) if r.partition(" ")[0] == BASELINE] + sorted(
+        (r for r in _rows(runs) if family_and_n_h(r)[0] in families), key=lambda r: (*family_and_n_h(r), r))
+    columns = [Column(f"{size}/{m}", f"{size.capitalize()} {h}", False)
+               for size in sizes for m, h in (("params", "Params (M)"), ("val_loss", "Valid Loss"))]
+    table = Table("deltaproduct", "DeltaProduct: n_h Delta updates per sublayer, final validation loss", rows,
+                  columns, compared=[(f"{size}/val_loss", f"{size.capitalize()} valid loss") for size in sizes])
+    for row in rows:
+        for size in sizes:
+            subset = runs[(runs["params.model.size"] == size) & (runs["row"] == row)]
+            table.cells[row, f"{size}/val_loss"] = _cell(subset, "final/val/loss", 1.0)
+            counts = pd.to_numeric(subset.get("params.model.params", pd.Series(dtype=float)), errors="coerce")
+            table.cells[row, f"{size}/params"] = Cell(counts.iloc[0] / 1e6) if counts.notna().any() \
+                else Cell(marker=NO_RUN)
+    for size in sizes:
+        _compare(table, runs[runs["params.model.size"] == size], [f"{size}/val_loss"])
+    table.note = (f"Loss in {unit}. n_h: Delta updates per sublayer, each with its own key map, gate and value "
+                  "(ModelConfig.n_h); n_h=1 is the paper's DDL. The paper has no such rows.")
     table.rank()
     return table
 

@@ -21,7 +21,7 @@ from .. import paths
 SIGNATURE_TAG = "ddl.signature"
 ERROR_TAG, EVAL_ERROR_TAG = "ddl.error", "ddl.eval_error"
 REPLACES_TAG = "ddl.replaces"      # a run that took over the curves of a deleted one (open_run)
-HISTORY_PREFIXES = ("train/", "val/", "beta/")   # the per-step curves a run logs while training
+HISTORY_PREFIXES = ("train/", "val/", "beta/", "erank/")   # the per-step curves a run logs while training
 # MLflow 3 opens an experiment on its GenAI overview unless it is marked as model training.
 EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 

@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from ..data.config import DataConfig
-from ..model.config import ModelConfig
+from ..model.config import LATER_FIELDS, ModelConfig
 from ..validation import failure, is_finite, is_int, is_number, shown
 
 
@@ -119,9 +119,13 @@ class RunConfig:
 
     def effective_dict(self) -> dict:
         """What changes the numbers: the signature is a hash of this (and the MLflow params are it).
-        Not in it: the data fields the source ignores, and when the run logs, validates and saves."""
+        Not in it: the data fields the source ignores, when the run logs, validates and saves, and a
+        model field added later while it holds the value earlier runs had (LATER_FIELDS)."""
         effective = RunConfig(self.model.effective(), self.data, self.train, self.seed).to_dict()
         effective["data"] = self.data.source_params()
+        for key, earlier in LATER_FIELDS.items():
+            if effective["model"][key] == earlier:
+                del effective["model"][key]
         for key in BOOKKEEPING:
             del effective["train"][key]
         return effective

@@ -230,7 +230,17 @@ class Trainer:
 
     def validate(self) -> dict[str, float]:
         val_loss = evaluate_loss(self.model, self.dataset.val, self.cfg, self.device, self.info, self.autocast)
-        return _val_metrics(val_loss, self.bytes_per_token)
+        return {**_val_metrics(val_loss, self.bytes_per_token), **self.state_ranks()}
+
+    def state_ranks(self) -> dict[str, float]:
+        """The state's effective rank per layer (d_v > 1) on the first validation batch: the same
+        tokens at every evaluation."""
+        x, _ = next(iter(val_batches(self.dataset.val, self.cfg.micro_batch, self.cfg.seq_len, self.cfg.eval_tokens)))
+        self.model.eval()
+        with self.autocast:
+            ranks = self.model.state_ranks(x.to(self.device))
+        self.model.train()
+        return ranks
 
     def metrics_to_log(self, step_metrics: dict[str, float]) -> dict[str, float]:
         cfg, metrics = self.cfg, {}
