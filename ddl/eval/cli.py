@@ -31,7 +31,7 @@ def _download(tasks: list[str]) -> int:
     hub_tasks = [t for t in tasks if t != OFFLINE_TASK]
     manager = task_manager()
     try:
-        check_known(hub_tasks, manager)
+        check_known(hub_tasks, manager.all_tasks)
         manager.load(hub_tasks)
     except Exception as err:
         print(f"ddl-eval: error: download of {' '.join(hub_tasks)} failed: {type(err).__name__}: {err}".splitlines()[0])

@@ -51,12 +51,27 @@ def task_manager():
     return TaskManager(include_path=str(ensure_task_dir()))
 
 
-def check_known(tasks: list[str], manager) -> None:
+def known_task_names() -> list[str]:
+    """The task names lm-eval knows, kept per lm-eval version in DDL_HOME/eval_tasks: indexing its
+    task files takes seconds, which a dry run should not spend every time."""
+    from importlib.metadata import version
+
+    from .. import paths
+    cache = paths.home() / "eval_tasks" / f"lm_eval-{version('lm_eval')}-task-names.json"
+    try:
+        return json.loads(cache.read_text())
+    except (OSError, ValueError):
+        names = sorted(task_manager().all_tasks)
+        paths.write_atomic(cache, json.dumps(names))
+        return names
+
+
+def check_known(tasks: list[str], names: list[str]) -> None:
     """A misspelt task is one line naming it and the nearest names lm-eval knows."""
     import difflib
     for task in tasks:
-        if task not in manager.all_tasks:
-            near = difflib.get_close_matches(task, manager.all_tasks, n=3)
+        if task not in names:
+            near = difflib.get_close_matches(task, names, n=3)
             raise TaskUnavailable(f"eval.tasks={task!r}: not an lm-eval task" + (f"; did you mean {', '.join(near)}?"
                                                                                   if near else ""))
 
@@ -66,7 +81,7 @@ def check_tasks(tasks) -> None:
     takes seconds, so the offline task, always known, skips it)."""
     hub_tasks = [t for t in tasks if t != OFFLINE_TASK]
     if hub_tasks:
-        check_known(hub_tasks, task_manager())
+        check_known(hub_tasks, known_task_names())
 
 
 def load_tasks(tasks: list[str], manager):
@@ -75,7 +90,7 @@ def load_tasks(tasks: list[str], manager):
     ddl never downloads during a run (cluster nodes are often offline and a hung download wastes
     the allocation): `ddl-eval download` fills the cache on a connected machine.
     """
-    check_known(tasks, manager)
+    check_known(tasks, manager.all_tasks)
     loaded = {}
     for task in tasks:
         try:
