@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .. import paths
+from ..text import plural
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,8 +66,8 @@ def _report(names: list[str] | None, out: Path | None) -> int:
             console.print(against)
         for mark, text in loss.marks().items():
             console.print(f"{mark} {text}")
-        console.print(f"report: {report.path / 'index.html'}  ({len(report.tables)} tables, "
-                      f"{len(list(report.path.glob('figure2_*')))} figures)")
+        console.print(f"report: {report.path / 'index.html'}  ({plural(len(report.tables), 'table')}, "
+                      f"{plural(len(list(report.path.glob('figure2_*'))), 'figure')})")
     return 0
 
 
