@@ -188,7 +188,9 @@ def live_table(jobs, id_header: str | None = None):
     output is a file, a line per job when its state changes and every DDL_PROGRESS_S seconds while
     it runs. Yields refresh(job ids of the running jobs)."""
     if not console.is_terminal:
-        yield _progress_lines(jobs, progress_seconds())
+        refresh = _progress_lines(jobs, progress_seconds())
+        yield refresh
+        refresh({})          # the states the last poll did not see
         return
     job_ids: dict[str, str] = {}
     with Live(_live(jobs, job_ids, id_header), console=console, refresh_per_second=2, transient=False) as live:
