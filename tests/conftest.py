@@ -1,6 +1,7 @@
 import atexit
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -249,3 +250,35 @@ def logged_steps(run, keys=("train/loss", "val/loss")) -> tuple[list[int], ...]:
     from ddl.track import store
     c = store.client()
     return tuple(sorted(m.step for m in c.get_metric_history(run.info.run_id, key)) for key in keys)
+
+
+COLOURS = re.compile(r"\x1b\[[0-9;]*m|\x1b\][^\x07]*\x07")
+CURSOR = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")       # moves and erases: what was drawn ends there
+
+
+def run_cli_in_terminal(tool: str, *args: str, columns: int = 80, timeout=600, env_extra=None) -> tuple[int, str]:
+    """Run a console script on a pseudo-terminal `columns` wide, as a user at a terminal does: (exit code, what
+    it drew, colours taken out and each cursor move or erase a line break)."""
+    import pty
+    leader, follower = pty.openpty()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": str(columns), "TERM": "xterm", **(env_extra or {})}
+    process = subprocess.Popen([str(VENV_BIN / tool), *args], stdin=follower, stdout=follower, stderr=follower,
+                               env=env, close_fds=True)
+    os.close(follower)
+    chunks, deadline = [], time.time() + timeout
+    try:
+        while time.time() < deadline:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:         # the terminal closed: every process on it has ended
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        returncode = process.wait(timeout=max(1.0, deadline - time.time()))
+    finally:
+        os.close(leader)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return returncode, CURSOR.sub("\n", COLOURS.sub("", b"".join(chunks).decode(errors="replace")))

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from .. import paths
+from ..text import plural
 from .config import SOURCES, TOKENIZERS, DataConfig
 
 
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     if existed and not args.force:
         print(f"already prepared (use --force to rebuild): {path}")
     m = open_dataset(path).manifest
-    splits = ", ".join(f"{s} {m['splits'][s]['tokens']:,} tokens in {len(m['splits'][s]['shards'])} shard(s)"
+    splits = ", ".join(f"{s} {m['splits'][s]['tokens']:,} tokens in {plural(len(m['splits'][s]['shards']), 'shard')}"
                        for s in m["splits"])
     print(f"{path}\n  tokenizer {m['tokenizer']['name']} (vocab {m['tokenizer']['vocab_size']}); {splits}; "
           f"unigram cross-entropy {m['unigram_xent_val']:.3f} nats/token")

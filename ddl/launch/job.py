@@ -17,9 +17,11 @@ import subprocess
 from omegaconf import DictConfig, OmegaConf
 
 from .. import paths
+from ..text import plural
 from . import status
 from .configs import ConfigError
-from .spec import Job
+from .spec import Job, row_name
+from .table import ProgressLogger, progress_seconds
 
 
 def _git() -> tuple[str, str]:
@@ -55,21 +57,34 @@ def _tags(job: Job, launcher: str) -> dict:
             "ddl.sweep": job.experiment, "ddl.git_commit": commit, "ddl.git_dirty": dirty, "ddl.launcher": launcher,
             "ddl.slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "ddl.host": socket.gethostname(),
             "ddl.torch": torch.__version__, "ddl.cuda": str(torch.version.cuda),
-            "ddl.python": platform.python_version(),
-            "ddl.tokenizer": tokenizer, "ddl.loss_unit": f"nats/token ({tokenizer})", "ddl.row": job.name.split("-")[0]}
+            "ddl.python": platform.python_version(), "ddl.tokenizer": tokenizer,
+            "ddl.loss_unit": f"nats/token ({tokenizer})", "ddl.row": row_name(job.run.model)}
 
 
 def run_task(cfg: DictConfig) -> dict:
-    """The job's steps: claim the signature -> skip if done -> set up and resume training -> open its
-    MLflow run -> train -> evaluate -> close the run. Every error before training starts is one line,
-    and leaves no run. A signature another process is working on is left to it."""
+    """The job's steps: claim the signature -> skip if done, reuse if done in another experiment -> set
+    up and resume training -> open its MLflow run -> train -> evaluate -> close the run. Every error
+    before training starts is one line, and leaves no run. A signature another process is working on
+    is left to it."""
     job = Job.from_config(cfg)
-    run_dir = paths.runs_dir() / job.signature
+    progress_seconds()   # a bad DDL_PROGRESS_S is one line, before anything is written
+    job.label = status.read(paths.runs_dir() / job.signature).get("label", "")   # the sweep's name for it
     launcher = _join_submitit_ddp()
     is_main = os.environ.get("RANK", "0") == "0"
+    return _claimed(job, is_main, lambda run_dir: _run_claimed(cfg, job, run_dir, launcher, is_main))
+
+
+def reuse(job: Job, source: str, entry: dict) -> dict:
+    """The sweep launcher's way to reuse a job finished in experiment `source` (status.finished_elsewhere),
+    in its own process: no job is launched for it."""
+    return _claimed(job, True, lambda run_dir: _reuse(job, run_dir, source, entry, True))
+
+
+def _claimed(job: Job, is_main: bool, work) -> dict:
+    run_dir = paths.runs_dir() / job.signature
     try:
         with status.claim(run_dir) if is_main else contextlib.nullcontext():
-            return _run_claimed(cfg, job, run_dir, launcher, is_main)
+            return work(run_dir)
     except status.RunningElsewhere as err:
         print(f"{job.name} [{job.signature}]: {err}; left to it")
         return {"signature": job.signature, "status": status.ELSEWHERE, "detail": str(err)}
@@ -77,16 +92,20 @@ def run_task(cfg: DictConfig) -> dict:
 
 def _run_claimed(cfg: DictConfig, job: Job, run_dir, launcher: str, is_main: bool) -> dict:
     from ..track import store
+    evaluations = job.evaluation.evaluations()
     try:
         if is_main:
             store.check()
-        done = status.finished_in(run_dir, job.experiment, job.evaluation.evaluations())
+        done = status.finished_in(run_dir, job.experiment, evaluations)
+        elsewhere = None if done else status.finished_elsewhere(run_dir, job.experiment, evaluations)
     except ValueError as err:   # the store cannot be used
         raise ConfigError(str(err)) from None
     if done:
         print(f"{job.name} [{job.signature}]: already finished in '{job.experiment}' (MLflow run {done['run_id']}); "
               f"skipped")
         return {"signature": job.signature, "status": "skipped", **done}
+    if elsewhere:
+        return _reuse(job, run_dir, *elsewhere, is_main)
     trainer = _set_up(job, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)   # other ranks write their log there too
     run_id = _open_run(job, run_dir, launcher, trainer.step) if is_main else None
@@ -99,8 +118,8 @@ def _run_claimed(cfg: DictConfig, job: Job, run_dir, launcher: str, is_main: boo
             outcome = Outcome(cfg, dict(result.final))
             if is_main:
                 _record(job, run_dir, run_id, result, outcome, log_path)
-            print(f"{job.name} [{job.signature}]: val/loss {outcome.final['val/loss']:.4f}  ({result.steps} steps, "
-                  f"{result.seconds:.0f} s)")
+            print(f"{job.name} [{job.signature}]: val/loss {outcome.final['val/loss']:.4f}  "
+                  f"({plural(result.steps, 'step')}, {result.seconds:.0f} s)")
             return {"signature": job.signature, "status": "finished", "run_id": run_id, "final": outcome.final}
         except BaseException as err:
             with _signals_held():
@@ -108,6 +127,24 @@ def _run_claimed(cfg: DictConfig, job: Job, run_dir, launcher: str, is_main: boo
                 if is_main and not (isinstance(err, SystemExit) and launcher == "slurm"):  # SLURM requeues it
                     _close_interrupted(run_dir, run_id, err, log_path)
             raise
+
+
+def _reuse(job: Job, run_dir, source: str, entry: dict, is_main: bool) -> dict:
+    """Finished in experiment `source` with every evaluation asked for: its run there is copied into
+    this experiment (store.copy_run) and the job is done here, without training or evaluating."""
+    from ..track import store
+    run_id = None
+    if is_main:
+        run_id = store.copy_run(entry["run_id"], job.experiment, job.signature, job.name, job.params(),
+                                {"ddl.sweep": job.experiment, "ddl.reused_from": source})
+        status.mark_done(run_dir, job.experiment, {**entry, "run_id": run_id, "reused_from": source})
+        steps = job.run.train.steps
+        status.write(run_dir, state=status.REUSED, reused_from=source, name=job.name, label=job.label, run_id=run_id,
+                     step=steps,
+                     steps=steps, val_loss=entry["final"].get("val/loss"), eta_s=None, error=None)
+        print(f"{job.name} [{job.signature}]: {status.reused(source)}: MLflow run {run_id}, no training", flush=True)
+    return {"signature": job.signature, "status": status.REUSED, "reused_from": source, "run_id": run_id,
+            "final": entry["final"]}
 
 
 def _set_up(job: Job, run_dir):
@@ -131,14 +168,15 @@ def _open_run(job: Job, run_dir, launcher: str, resume_step: int) -> str:
                                 resume_step)
     except ValueError as err:   # a deleted experiment
         raise ConfigError(str(err)) from None
-    status.write(run_dir, state="running", name=job.name, run_id=run_id, error=None)
+    status.write(run_dir, state="running", name=job.name, run_id=run_id, reused_from=None, error=None)
     return run_id
 
 
 def _loggers(job: Job, run_dir, run_id: str | None, log_file):
-    """Console and train.log on every rank; MLflow and the status file on rank 0 (run_id is set there)."""
+    """The console's progress line and train.log's step lines on every rank; MLflow and the status file on
+    rank 0 (run_id is set there)."""
     from ..train import ConsoleLogger, MultiLogger
-    loggers = [ConsoleLogger(), ConsoleLogger(log_file)]
+    loggers = [ProgressLogger(f"{job.name} [{job.signature}]", job.run.train.steps), ConsoleLogger(log_file)]
     if run_id is not None:
         from ..track import store
         loggers += [store.MLflowLogger(run_id), status.StatusLogger(run_dir, job.run.train.steps)]

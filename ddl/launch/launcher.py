@@ -1,10 +1,11 @@
 """Hydra launchers for sweeps: hydra-submitit-launcher's, with the planning a researcher can trust.
 
 `launch` composes and validates every job before anything runs, collapses jobs with the same
-signature, skips the ones already finished in this sweep's experiment, then submits the rest
-through submitit (at most `max_parallel` at once), shows one live line per job and ends with
-a summary. The job itself is hydra-submitit-launcher's `__call__` (it re-runs the Hydra job),
-and so is `checkpoint()`: a requeued job re-runs with the same overrides and resumes from the
+signature, skips the ones already finished in this sweep's experiment, reuses (in this process,
+launching nothing) the ones finished in another experiment, then submits the rest through
+submitit (at most `max_parallel` at once), shows one live line per job and ends with a summary.
+The job itself is hydra-submitit-launcher's `__call__` (it re-runs the Hydra job), and so is
+`checkpoint()`: a requeued job re-runs with the same overrides and resumes from the
 checkpoint found by its signature.
 """
 
@@ -15,7 +16,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
@@ -24,12 +25,21 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmitit
 from omegaconf import OmegaConf
 
 from .. import paths
+from ..text import plural
 from ..train.signals import DeferredSignals
 from . import status
 from .configs import ConfigError
 from .plan import Plan, make_plan
 from .spec import Job
-from .table import job_table, live_table, summary_table
+from .table import job_table, live_table, progress_seconds, summary_table
+
+
+class Result(NamedTuple):
+    """How a job of the sweep ended, as its summary row says."""
+    state: str
+    detail: str
+    job_return: JobReturn | None = None
+    reused_from: str | None = None       # the experiment whose run it reused
 
 
 class SweepFailed(RuntimeError):
@@ -80,6 +90,7 @@ class SweepLauncher(BaseSubmititLauncher):
         for key, value in self.params.items():   # each one may become a line of a job script
             if isinstance(value, str) and not value.isprintable():
                 raise ConfigError(f"hydra.launcher.{key}={value!r}: must be printable, on one line")
+        progress_seconds()                       # a bad DDL_PROGRESS_S is one line, before anything runs
         plan = self.plan(job_overrides)
         print(plan.headline())
         if self.config.dry_run:
@@ -88,23 +99,50 @@ class SweepLauncher(BaseSubmititLauncher):
             return []
         self.prepare_store({j.experiment for j in plan.jobs})
         skipped = plan.finished()
-        elsewhere = {j.signature: holder for j in plan.jobs if j.signature not in skipped
+        reusable = plan.reusable(skipped)
+        elsewhere = {j.signature: holder for j in plan.jobs if j.signature not in skipped | reusable.keys()
                      and (holder := status.holder(paths.runs_dir() / j.signature))}
-        todo = [j for j in plan.jobs if j.signature not in skipped and j.signature not in elsewhere]
+        todo = [j for j in plan.jobs if j.signature not in skipped | reusable.keys() | elsewhere.keys()]
+        shown = [j for j in plan.jobs if j.signature in reusable or j in todo]     # in the live table
         os.environ.setdefault("DDL_CPUS", str(self.params.get("cpus_per_task") or 1))
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         with DeferredSignals((signal.SIGINT, signal.SIGTERM)) as stop:   # stop the jobs, then print the summary
-            outcomes = self.run_jobs(todo, initial_job_idx, stop) if todo else {}
-        outcomes.update({sig: (status.ELSEWHERE, f"{who}; not started here", None) for sig, who in elsewhere.items()})
-        rows = [(j, "skipped", f"finished before: MLflow run {skipped[j.signature]['run_id']}")
-                if j.signature in skipped else (j, *outcomes[j.signature][:2]) for j in plan.jobs]
+            outcomes = self.reuse_jobs([(j, *reusable[j.signature]) for j in plan.jobs if j.signature in reusable],
+                                       stop)
+            outcomes.update(self.run_jobs(todo, shown, initial_job_idx, stop) if shown else {})
+        outcomes.update({sig: Result(status.ELSEWHERE, f"{who}; not started here") for sig, who in elsewhere.items()})
+        outcomes.update({sig: Result("skipped", f"finished before: MLflow run {entry['run_id']}")
+                         for sig, entry in skipped.items()})
+        self.summarise(plan.jobs, outcomes, stop)
+        return [outcomes[j.signature].job_return for j in todo]
+
+    @staticmethod
+    def summarise(jobs: list[Job], outcomes: dict[str, "Result"], stop: DeferredSignals) -> None:
+        rows = [(j, *outcomes[j.signature][:2], outcomes[j.signature].reused_from) for j in jobs]
         summary_table(rows).print()
         if stop.received:
             raise SweepInterrupted(stop.received)
-        failed = sum(state not in ("finished", "skipped", status.ELSEWHERE) for _, state, _ in rows)
+        failed = sum(state not in ("finished", "skipped", status.REUSED, status.ELSEWHERE) for _, state, *_ in rows)
         if failed:
-            raise SweepFailed(f"{failed} of {len(rows)} jobs failed")
-        return [outcomes[j.signature][2] for j in todo]
+            raise SweepFailed(f"{failed} of {plural(len(rows), 'job')} failed")
+
+    @staticmethod
+    def reuse_jobs(reusable: list[tuple[Job, str, dict]], stop: DeferredSignals) -> dict[str, "Result"]:
+        """Jobs finished in another experiment, copied into theirs here, in this process: no job is launched."""
+        from .job import reuse
+        outcomes = {}
+        for job, source, entry in reusable:
+            if stop.received:
+                outcomes[job.signature] = Result("not started", "the sweep was stopped first")
+                continue
+            done = reuse(job, source, entry)
+            if done["status"] == status.ELSEWHERE:
+                outcomes[job.signature] = Result(status.ELSEWHERE, f"{done['detail']}; not reused here")
+                continue
+            val_loss = done["final"].get("val/loss")
+            outcomes[job.signature] = Result(status.REUSED, f"val/loss {val_loss:.4f}, MLflow run {done['run_id']}",
+                                             reused_from=source)
+        return outcomes
 
     @staticmethod
     def prepare_store(experiments: set[str]) -> None:
@@ -116,26 +154,27 @@ class SweepLauncher(BaseSubmititLauncher):
             except ValueError as err:
                 raise ConfigError(str(err)) from None
 
-    def run_jobs(self, jobs: list[Job], first_idx: int, stop: DeferredSignals) -> dict[str, tuple[str, str, Any]]:
-        """Submit the jobs (at most `limit` at once) and wait for them. On a stop request nothing more
-        is submitted, and local jobs get SIGTERM (they checkpoint and end KILLED); cluster jobs go on."""
-        executor = self.executor()
+    def run_jobs(self, jobs: list[Job], shown: list[Job], first_idx: int, stop: DeferredSignals) -> dict[str, Result]:
+        """Submit the jobs (at most `limit` at once) and wait for them, the `shown` ones in the live table.
+        On a stop request nothing more is submitted, and local jobs get SIGTERM (they checkpoint and end
+        KILLED); cluster jobs go on."""
+        executor = self.executor() if jobs else None
         pending = list(enumerate(jobs, start=first_idx))
         running: dict[str, Any] = {}
-        outcomes: dict[str, tuple[str, str, JobReturn | None]] = {}
+        outcomes: dict[str, Result] = {}
         limit = self.bound(len(jobs))
-        for job in jobs:
-            status.write(paths.runs_dir() / job.signature, state="queued", name=job.name, step=0,
-                         steps=job.run.train.steps, error=None)
-        with live_table(jobs) as refresh:
+        for job in jobs:   # the label is the job's name for the sweep: its MLflow run takes it (job.run_task)
+            status.write(paths.runs_dir() / job.signature, state="queued", name=job.name, label=job.label, step=0,
+                         steps=job.run.train.steps, reused_from=None, error=None)
+        with live_table(shown, "SLURM job" if self._EXECUTOR == "slurm" else None) as refresh:
             while pending or running:
                 if stop.received:
-                    outcomes.update({job.signature: ("not started", "the sweep was stopped first", None)
+                    outcomes.update({job.signature: Result("not started", "the sweep was stopped first")
                                      for _, job in pending})
                     pending = []
                     for signature, handle in list(running.items()):
                         if not self._stop_local_job(handle):
-                            outcomes[signature] = ("left running", f"on the cluster as job {handle.job_id}", None)
+                            outcomes[signature] = Result("left running", f"on the cluster as job {handle.job_id}")
                             del running[signature]
                 while pending and len(running) < limit:
                     idx, job = pending.pop(0)
@@ -161,7 +200,7 @@ class SweepLauncher(BaseSubmititLauncher):
         return True
 
     @staticmethod
-    def outcome(handle, run_dir: Path) -> tuple[str, str, JobReturn | None]:
+    def outcome(handle, run_dir: Path) -> Result:
         """(state, detail, JobReturn): the job's own error line when it wrote one, else submitit's."""
         try:
             result, error = handle.results()[0], None
@@ -171,14 +210,14 @@ class SweepLauncher(BaseSubmititLauncher):
             value = result.return_value or {}
             final = value.get("final")
             detail = f"val/loss {final.get('val/loss', float('nan')):.4f}" if final else value.get("detail", "")
-            return value.get("status", "finished"), detail, result
+            return Result(value.get("status", "finished"), detail, result)
         if error is None:
             error = result._return_value  # Hydra keeps the task's exception here
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         recorded = status.read(run_dir)
         detail = recorded.get("error") or (lines[-1] if lines else type(error).__name__)
         state = "killed" if recorded.get("state") == "killed" else "failed"
-        return state, f"{detail}  (log: {handle.paths.stderr})", result
+        return Result(state, f"{detail}  (log: {handle.paths.stderr})", result)
 
 
 @contextlib.contextmanager

@@ -9,9 +9,11 @@ from typing import Iterable
 from omegaconf import DictConfig
 
 from .. import paths
+from ..model.config import DDL_KNOBS
+from ..text import plural
 from . import status
 from .configs import ConfigError
-from .spec import Job
+from .spec import TOP_LEVEL_KEYS, Job, flatten
 
 
 @dataclass
@@ -21,11 +23,12 @@ class Plan:
     n_override_sets: int = 0
 
     def headline(self) -> str:
-        line = f"{self.n_override_sets} override sets -> {len(self.jobs)} distinct jobs"
+        line = f"{plural(self.n_override_sets, 'override set')} -> {plural(len(self.jobs), 'distinct job')}"
         if self.duplicates:
             signature, same = next(iter(self.duplicates.items()))
             kept = next(j for j in self.jobs if j.signature == signature)
-            line += (f" ({sum(map(len, self.duplicates.values()))} share a signature with another, e.g. "
+            shared = sum(map(len, self.duplicates.values()))
+            line += (f" ({shared} {'shares' if shared == 1 else 'share'} a signature with another, e.g. "
                      f"{' '.join(same[0])} == {' '.join(kept.overrides)})")
         return line
 
@@ -35,6 +38,26 @@ class Plan:
         found = {j.signature: status.finished_in(paths.runs_dir() / j.signature, j.experiment,
                                                  j.evaluation.evaluations()) for j in self.jobs}
         return {signature: entry for signature, entry in found.items() if entry}
+
+    def reusable(self, finished: dict[str, dict]) -> dict[str, tuple[str, dict]]:
+        """signature -> (experiment, done.json entry) for the jobs not `finished` here that finished in
+        another experiment with every evaluation asked for: their runs are copied, nothing is launched."""
+        found = {j.signature: status.finished_elsewhere(paths.runs_dir() / j.signature, j.experiment,
+                                                        j.evaluation.evaluations())
+                 for j in self.jobs if j.signature not in finished}
+        return {signature: entry for signature, entry in found.items() if entry}
+
+
+def already_done(jobs: list[Job]) -> dict[str, str]:
+    """For a dry run, creating no store: signature -> `finished (skipped)` for the jobs finished in their
+    experiment, `reused (from experiment X)` for those another experiment finished."""
+    from ..track import store
+    if not store.exists():
+        return {}
+    plan = Plan(list(jobs))
+    finished = plan.finished()
+    return {**{signature: "finished (skipped)" for signature in finished},
+            **{signature: status.reused(source) for signature, (source, _) in plan.reusable(finished).items()}}
 
 
 def make_plan(configs: Iterable[tuple[list[str], DictConfig]]) -> Plan:
@@ -52,5 +75,28 @@ def make_plan(configs: Iterable[tuple[list[str], DictConfig]]) -> Plan:
             plan.duplicates.setdefault(job.signature, []).append(shown)
         else:
             by_signature[job.signature] = job
-    plan.jobs = list(by_signature.values())
+    plan.jobs = label_jobs(list(by_signature.values()))
     return plan
+
+
+def _setting(key: str) -> str:
+    """A config key as ddl-run takes it: model.beta_init -> beta_init, model.k_eps -> ddl.k_eps."""
+    field = key.removeprefix("model.")
+    if field in TOP_LEVEL_KEYS:
+        return field
+    return f"ddl.{field}" if field in DDL_KNOBS else key
+
+
+def label_jobs(jobs: list[Job]) -> list[Job]:
+    """Jobs that would share a name (row, size, seed) get a label: the settings in which they differ
+    from each other (`beta_init=0.5`), as the report's rows do. Distinct jobs have distinct effective
+    configs, so their names are distinct."""
+    groups: dict[str, list[tuple[Job, dict]]] = {}
+    for job in jobs:
+        groups.setdefault(job.base_name, []).append((job, flatten(job.run.effective_dict())))
+    for group in groups.values():
+        keys = dict.fromkeys(key for _, settings in group for key in settings)
+        varying = [key for key in keys if len({repr(settings.get(key)) for _, settings in group}) > 1]
+        for job, settings in group if len(group) > 1 else ():
+            job.label = " ".join(f"{_setting(key)}={settings.get(key)}" for key in varying)
+    return jobs

@@ -99,6 +99,7 @@ class Job:
     run: RunConfig
     experiment: str
     evaluation: EvalConfig = field(default_factory=EvalConfig)
+    label: str = ""     # the settings that tell it from the sweep's other jobs of its row (plan.label_jobs)
 
     @classmethod
     def from_config(cls, cfg: DictConfig, overrides: list[str] = ()) -> "Job":
@@ -116,8 +117,13 @@ class Job:
         return self.run.signature()
 
     @property
-    def name(self) -> str:
+    def base_name(self) -> str:
         return f"{row_name(self.run.model)}-{size_name(self.run.model)}-s{self.run.seed}"
+
+    @property
+    def name(self) -> str:
+        """The run's name: its row, size and seed, then the settings of its label (`ddl_dv1-tiny-s0 beta_init=0.5`)."""
+        return f"{self.base_name} {self.label}" if self.label else self.base_name
 
     def params(self) -> dict:
         return run_params(self.run)

@@ -19,6 +19,11 @@ FILE = "status.json"
 DONE = "done.json"
 LOCK = "lock"
 ELSEWHERE = "running elsewhere"
+REUSED = "reused"     # finished in another experiment: its run copied, nothing trained
+
+
+def reused(source: str) -> str:
+    return f"{REUSED} (from experiment {source})"
 
 
 class RunningElsewhere(RuntimeError):
@@ -81,15 +86,24 @@ def read(run_dir: Path) -> dict:
         return {}
 
 
+def _done(run_dir: Path) -> dict:
+    """done.json: experiment -> its entry ({run_id, final, evaluations[, reused_from]})."""
+    try:
+        return json.loads((run_dir / DONE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _covers(entry: dict, evaluations) -> bool:
+    return set(evaluations) <= set(entry.get("evaluations", []))
+
+
 def finished_in(run_dir: Path, experiment: str, evaluations: list[str] = ()) -> dict | None:
     """The done marker's entry for this experiment, if the job finished there with these
     evaluations ('task@shots') among its own and the tracking store holds its run FINISHED; else
     None (the job runs, and adds what is missing; a marker the store disagrees with is reported)."""
-    try:
-        entry = json.loads((run_dir / DONE).read_text()).get(experiment)
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    if entry is None or not set(evaluations) <= set(entry.get("evaluations", [])):
+    entry = _done(run_dir).get(experiment)
+    if entry is None or not _covers(entry, evaluations):
         return None
     from ..track import store
     if not store.holds_finished(entry["run_id"], experiment):
@@ -99,35 +113,51 @@ def finished_in(run_dir: Path, experiment: str, evaluations: list[str] = ()) -> 
     return entry
 
 
+def finished_elsewhere(run_dir: Path, experiment: str, evaluations: list[str] = ()) -> tuple[str, dict] | None:
+    """(another experiment, its entry) where this signature finished with these evaluations and the
+    store holds its run FINISHED: the job's run there can be reused here without training or
+    evaluating. An experiment that trained the run is preferred to one that reused it."""
+    from ..track import store
+    entries = sorted(_done(run_dir).items(), key=lambda item: "reused_from" in item[1])
+    return next(((other, entry) for other, entry in entries if other != experiment and _covers(entry, evaluations)
+                 and store.holds_finished(entry["run_id"], other)), None)
+
+
 def mark_done(run_dir: Path, experiment: str, entry: dict) -> None:
-    try:
-        done = json.loads((run_dir / DONE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        done = {}
+    done = _done(run_dir)
     done[experiment] = entry
     paths.write_atomic(run_dir / DONE, json.dumps(done, indent=1))
 
 
-class StatusLogger:
-    """MetricLogger that keeps status.json current: step, losses, tokens/s, ETA."""
+class Progress:
+    """A run's progress from the metrics its trainer logs: step, last losses, tokens/s and ETA (the
+    status file's fields, and what the console's progress line shows)."""
+    SHOWN = (("train/loss", "train_loss"), ("val/loss", "val_loss"), ("train/tokens_per_s", "tokens_per_s"))
 
-    def __init__(self, run_dir: Path, total_steps: int):
-        self.run_dir, self.total = run_dir, total_steps
-        self.started, self.first_step = time.time(), None
+    def __init__(self, total_steps: int):
+        self.total, self.started, self.first_step = total_steps, time.time(), None
+        self.fields: dict = {}
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+    def update(self, metrics: dict[str, float], step: int) -> dict:
         if self.first_step is None:
             self.first_step, self.started = step, time.time()
             eta = None
         else:
             rate = (step - self.first_step) / max(time.time() - self.started, 1e-9)
             eta = (self.total - step) / rate if rate > 0 else None
-        fields = {"step": step, "steps": self.total, "eta_s": eta}
-        shown = (("train/loss", "train_loss"), ("val/loss", "val_loss"), ("train/tokens_per_s", "tokens_per_s"))
-        for key, name in shown:
-            if key in metrics:
-                fields[name] = metrics[key]
-        write(self.run_dir, **fields)
+        self.fields.update(step=step, steps=self.total, eta_s=eta)
+        self.fields.update({name: metrics[key] for key, name in self.SHOWN if key in metrics})
+        return self.fields
+
+
+class StatusLogger:
+    """MetricLogger that keeps status.json current: step, losses, tokens/s, ETA."""
+
+    def __init__(self, run_dir: Path, total_steps: int):
+        self.run_dir, self.progress = run_dir, Progress(total_steps)
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        write(self.run_dir, **self.progress.update(metrics, step))
 
     def flush(self) -> None:
         pass

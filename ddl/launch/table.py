@@ -1,21 +1,101 @@
-"""What the terminal shows for a sweep: the plan (dry run), one live line per job, the summary."""
+"""What the terminal shows: a sweep's plan (dry run), its live table and summary, and one run's progress.
+
+Tables fit the console's width (COLUMNS, else the terminal's; 160 where output is a file): the
+least needed columns are dropped first, and what still does not fit wraps, never cut to "...".
+Where output is not a terminal, a live table would show nothing until the end: instead, one plain
+line per running job every DDL_PROGRESS_S seconds (default 30).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.live import Live
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from .. import paths
 from ..costs import ASSUMED_MFU, BF16_PEAK_FLOPS
+from ..text import plural
 from . import status
+from .configs import ConfigError
 from .estimate import CPU_TRAIN_FLOPS, job_cost, wall_seconds
 
-console = Console(width=None if sys.stdout.isatty() else 160)  # logs keep whole columns
+console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)  # logs keep whole columns
+PROGRESS_ENV, PROGRESS_DEFAULT_S = "DDL_PROGRESS_S", 30.0
+STYLES = {"finished": "green", status.REUSED: "cyan", "skipped": "cyan", "running": "bold", "queued": "dim",
+          status.ELSEWHERE: "yellow", "failed": "red", "killed": "red"}
+
+
+def progress_seconds() -> float:
+    """Seconds between progress lines where output is not a terminal (DDL_PROGRESS_S); one line if bad."""
+    value = os.environ.get(PROGRESS_ENV, "")
+    try:
+        seconds = float(value) if value else PROGRESS_DEFAULT_S
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ConfigError(f"{PROGRESS_ENV}={value!r}: must be a number of seconds > 0 (default {PROGRESS_DEFAULT_S:g})")
+    return seconds
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    drop: int = 0            # 0: always shown; else dropped, highest first, until the table fits
+    right: bool = False
+
+
+def fitted(title: str, columns: list[Column], rows: list[list], caption: str | None = None) -> Table:
+    """The table with as many of its columns as fit the console's width (cells are plain text or Text)."""
+    keep = list(range(len(columns)))
+    droppable = sorted((i for i, c in enumerate(columns) if c.drop), key=lambda i: -columns[i].drop)
+    while True:
+        table = Table(title=title, caption=caption, caption_justify="left")
+        for i in keep:
+            table.add_column(columns[i].header, justify="right" if columns[i].right else "left", overflow="fold")
+        for row in rows:
+            table.add_row(*(row[i] if isinstance(row[i], Text) else Text(str(row[i])) for i in keep))
+        natural = Measurement.get(console, console.options.update_width(1 << 16), table).maximum
+        if not droppable or natural <= console.width:
+            return table
+        keep.remove(droppable.pop(0))
+
+
+def _fmt(value, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def _eta(seconds) -> str:
+    if seconds is None:
+        return ""
+    days = int(seconds // 86400)
+    return (f"{days}d " if days else "") + time.strftime("%H:%M:%S", time.gmtime(seconds % 86400))
+
+
+def state_text(fields: dict, default: str = "queued") -> Text:
+    """A job's state as the tables show it: `reused (from experiment X)` for a reused one."""
+    state = fields.get("state", default)
+    shown = status.reused(fields["reused_from"]) if state == status.REUSED and fields.get("reused_from") else state
+    return Text(shown, style=STYLES.get(state, ""))
+
+
+def progress_line(name: str, fields: dict) -> str:
+    """`name: step 120/300, train loss 3.2100, val loss 3.3012, 7,399 tok/s, ETA 00:02:10`."""
+    parts = [f"step {fields.get('step', 0)}/{fields.get('steps', '?')}"]
+    parts += [f"{label} {fields[key]:.4f}" for key, label in (("train_loss", "train loss"), ("val_loss", "val loss"))
+              if fields.get(key) is not None]
+    if fields.get("tokens_per_s") is not None:
+        parts.append(f"{fields['tokens_per_s']:,.0f} tok/s")
+    if fields.get("eta_s") is not None:
+        parts.append(f"ETA {_eta(fields['eta_s'])}")
+    return f"{name}: {', '.join(parts)}"
 
 
 class _Printable:
@@ -26,73 +106,162 @@ class _Printable:
         console.print(self.table)
 
 
+# -- the plan (dry run) -----------------------------------------------------------------------
+def _overrides(jobs) -> tuple[list[str], list[str]]:
+    """(the overrides every job has, each job's others); dry_run=... is the title's."""
+    per_job = [[o for o in job.overrides if not o.startswith("dry_run=")] for job in jobs]
+    shared = [o for o in per_job[0] if all(o in own for own in per_job[1:])] if per_job else []
+    return shared, [" ".join(o for o in own if o not in shared) for own in per_job]
+
+
+def _minutes(seconds: float) -> str:
+    minutes = seconds / 60
+    return f"{minutes:,.0f}" if minutes >= 10 else f"{minutes:.2g}"
+
+
+def _cost_caption(costs, to_run: list[bool], slots: int, threads: int) -> str:
+    """What the cost columns assume, and the totals of the jobs to run: GPU-hours where jobs get GPUs,
+    core-minutes (and the wall time on the launcher's slots) where they train on CPU."""
+    gpu = [c.gpu_hours for c, run in zip(costs, to_run, strict=True) if c.cpu_seconds is None and run]
+    cpu = [c.cpu_seconds for c, run in zip(costs, to_run, strict=True) if c.cpu_seconds is not None and run]
+    caption = []
+    if any(c.cpu_seconds is None for c in costs):
+        caption.append(f"* 6·N·tokens FLOPs at {ASSUMED_MFU:.0%} of an H100's bf16 peak "
+                       f"({BF16_PEAK_FLOPS['H100'] / 1e12:.0f} TFLOP/s); to run: {sum(gpu):.3g} GPU-h.")
+    if any(c.cpu_seconds is not None for c in costs):
+        wall = wall_seconds(cpu, slots, threads) if cpu else 0.0
+        caption.append(f"† training on CPU: 6·N·tokens FLOPs at {CPU_TRAIN_FLOPS / 1e9:.2g} GFLOP/s per core, "
+                       f"measured, plus each job's start-up and evaluation (ddl/launch/estimate.py); to run: "
+                       f"{_minutes(sum(cpu))} core-min, about {_minutes(wall)} min wall with {plural(slots, 'job')} "
+                       f"at once x {plural(threads, 'thread')}.")
+    return " ".join(caption)
+
+
 def job_table(jobs, gpus: int, slots: int, threads: int) -> _Printable:
-    """The plan with each job's cost: GPU-hours on an H100 and, for jobs that train on CPU, core-minutes
-    (and the sweep's wall time on `slots` parallel jobs of `threads` threads)."""
+    """The plan: each job's name, whether it is done already (finished here, or to be reused from another
+    experiment), the overrides that tell it from the others, and its cost: GPU-hours on an H100 where
+    the launcher gives GPUs, core-minutes on CPU (and the sweep's wall time on `slots` parallel jobs
+    of `threads` threads)."""
+    from .plan import already_done
+    done = already_done(jobs)
     costs = [job_cost(job, gpus) for job in jobs]
-    on_cpu = [c.cpu_seconds for c in costs if c.cpu_seconds is not None]
-    table = Table(title="ddl-run: planned jobs (dry run, nothing launched)")
-    columns = ["signature", "job", "overrides", "params", "tokens", "GPU-h*"] + ["CPU core-min†"] * bool(on_cpu)
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("signature", "job", "overrides") else "right")
-    for job, cost in zip(jobs, costs, strict=True):
-        cpu = [f"{cost.cpu_seconds / 60:.1f}" if cost.cpu_seconds is not None else "GPU"] * bool(on_cpu)
-        table.add_row(job.signature, job.name, " ".join(job.overrides), f"{cost.params / 1e6:.2f}M",
-                      f"{cost.tokens:.3g}", f"{cost.gpu_hours:.3g}", *cpu)
-    caption = (f"* 6·N·tokens FLOPs at {ASSUMED_MFU:.0%} of an H100's bf16 peak "
-               f"({BF16_PEAK_FLOPS['H100'] / 1e12:.0f} TFLOP/s); total {sum(c.gpu_hours for c in costs):.3g} GPU-h.")
-    if on_cpu:
-        wall = wall_seconds(on_cpu, slots, threads)
-        caption += (f" † on CPU (this launcher gives no GPU): 6·N·tokens FLOPs at {CPU_TRAIN_FLOPS / 1e9:.2g} GFLOP/s "
-                    f"per core, measured, plus each job's start-up and evaluation (ddl/launch/estimate.py); total "
-                    f"{sum(on_cpu) / 60:.0f} core-min, about {wall / 60:.0f} min wall with {slots} job(s) at once x "
-                    f"{threads} thread(s).")
-    table.caption = f"{caption} {len(jobs)} jobs."
-    return _Printable(table)
+    shared, own = _overrides(jobs)
+    gpu, cpu = any(c.cpu_seconds is None for c in costs), any(c.cpu_seconds is not None for c in costs)
+    columns = [Column("job"), Column("status"), Column("overrides", 4), Column("params", 5, True),
+               Column("tokens", 3, True), Column("GPU-h*", 0, True), Column("CPU core-min†", 0, True),
+               Column("signature", 6)]
+    shown = [True, True, any(own), True, True, gpu, cpu, True]
+    rows = [[job.name, Text(done[job.signature], "cyan") if job.signature in done else "to run", others,
+             f"{cost.params / 1e6:.2f}M", f"{cost.tokens:.3g}",
+             f"{cost.gpu_hours:.3g}" if cost.cpu_seconds is None else "",
+             "" if cost.cpu_seconds is None else f"{cost.cpu_seconds / 60:.1f}", job.signature]
+            for job, cost, others in zip(jobs, costs, own, strict=True)]
+    to_run = [job.signature not in done for job in jobs]
+    caption = " ".join(filter(None, [f"Every job: {' '.join(shared)}." if shared and len(jobs) > 1 else "",
+                                     _cost_caption(costs, to_run, slots, threads),
+                                     f"{plural(len(jobs), 'job')}, {sum(to_run)} to run."]))
+    title = "ddl-run: planned jobs (dry run, nothing launched)" + (f": {' '.join(shared)}" if len(jobs) == 1 and shared
+                                                                    else "")
+    return _Printable(fitted(title, [c for c, s in zip(columns, shown, strict=True) if s],
+                             [[v for v, s in zip(row, shown, strict=True) if s] for row in rows], caption))
 
 
-def _fmt(value, spec: str) -> str:
-    return "" if value is None else format(value, spec)
+# -- a sweep ----------------------------------------------------------------------------------
+LIVE_COLUMNS = [Column("job"), Column("state"), Column("step", right=True), Column("train loss", 2, True),
+                Column("ETA", 3, True), Column("tok/s", 4, True), Column("val loss", 5, True), Column("signature", 6)]
 
 
-def _eta(seconds) -> str:
-    return "" if seconds is None else time.strftime("%H:%M:%S", time.gmtime(seconds))
-
-
-def _live(jobs, job_ids: dict[str, str]) -> Table:
-    table = Table(title="ddl-run sweep")
-    for column in ("job", "signature", "state", "step", "train loss", "val loss", "tok/s", "ETA", "id"):
-        table.add_column(column)
+def _live(jobs, job_ids: dict[str, str], id_header: str | None) -> Table:
+    columns = LIVE_COLUMNS + [Column(id_header, 7)] * bool(id_header)
+    rows = []
     for job in jobs:
         s = status.read(paths.runs_dir() / job.signature)
-        table.add_row(job.name, job.signature, s.get("state", "queued"), f"{s.get('step', 0)}/{job.run.train.steps}",
-                      _fmt(s.get("train_loss"), ".4f"), _fmt(s.get("val_loss"), ".4f"),
-                      _fmt(s.get("tokens_per_s"), ",.0f"), _eta(s.get("eta_s")), job_ids.get(job.signature, ""))
-    return table
+        rows.append([job.name, state_text(s), f"{s.get('step', 0)}/{job.run.train.steps}",
+                     _fmt(s.get("train_loss"), ".4f"), _eta(s.get("eta_s")), _fmt(s.get("tokens_per_s"), ",.0f"),
+                     _fmt(s.get("val_loss"), ".4f"), job.signature, job_ids.get(job.signature, "")][:len(columns)])
+    return fitted("ddl-run sweep", columns, rows)
 
 
 @contextlib.contextmanager
-def live_table(jobs):
-    """Refreshed in place on a terminal; printed once at the end where output is a file."""
+def live_table(jobs, id_header: str | None = None):
+    """A table redrawn in place on a terminal (with the cluster's job ids under `id_header`); where
+    output is a file, a line per job when its state changes and every DDL_PROGRESS_S seconds while
+    it runs. Yields refresh(job ids of the running jobs)."""
+    if not console.is_terminal:
+        refresh = _progress_lines(jobs, progress_seconds())
+        yield refresh
+        refresh({})          # the states the last poll did not see
+        return
     job_ids: dict[str, str] = {}
-    with Live(_live(jobs, job_ids), console=console, refresh_per_second=2, transient=False) as live:
+    with Live(_live(jobs, job_ids, id_header), console=console, refresh_per_second=2, transient=False) as live:
         def refresh(running_ids: dict[str, str]) -> None:
             job_ids.update(running_ids)
-            live.update(_live(jobs, job_ids))
+            live.update(_live(jobs, job_ids, id_header))
         yield refresh
         refresh({})
     console.print()
 
 
+def _progress_lines(jobs, every_s: float):
+    """refresh() for output that is not a terminal: a job's line when its state changes, and every
+    `every_s` seconds while it runs."""
+    started = time.monotonic()
+    shown = {job.signature: (status.read(paths.runs_dir() / job.signature).get("state", "queued"), started)
+             for job in jobs}      # signature -> (state, when) of its last line
+
+    def refresh(_running_ids: dict[str, str]) -> None:
+        now = time.monotonic()
+        for job in jobs:
+            s = status.read(paths.runs_dir() / job.signature)
+            state, (last_state, last) = s.get("state", "queued"), shown[job.signature]
+            if state != last_state or (state == "running" and now - last >= every_s):
+                shown[job.signature] = (state, now)
+                line = progress_line(f"{job.name} [{job.signature}]", s) if state == "running" \
+                    else f"{job.name} [{job.signature}]: {state_text(s)}"
+                print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
+    return refresh
+
+
 def summary_table(rows) -> _Printable:
-    table = Table(title="ddl-run: summary")
-    for column in ("job", "signature", "result", "detail"):
-        table.add_column(column)
-    style = {"finished": "green", "skipped": "cyan", status.ELSEWHERE: "yellow"}
-    for job, state, detail in rows:
-        table.add_row(job.name, job.signature, f"[{style.get(state, 'red')}]{state}[/]", detail)
-    counts = {s: sum(r[1] == s for r in rows) for s in ("finished", "skipped", status.ELSEWHERE)}
-    table.caption = (f"{counts['finished']} finished, {counts['skipped']} skipped, "
-                     f"{len(rows) - sum(counts.values())} failed or stopped"
-                     + (f", {counts[status.ELSEWHERE]} {status.ELSEWHERE}" if counts[status.ELSEWHERE] else ""))
-    return _Printable(table)
+    """rows: (job, state, detail, reused_from or None)."""
+    table_rows = [[job.name, state_text({"state": state, "reused_from": source}), detail, job.signature]
+                  for job, state, detail, source in rows]
+    counted = ("finished", status.REUSED, "skipped", status.ELSEWHERE)
+    counts = {s: sum(r[1] == s for r in rows) for s in counted}
+    sources = sorted({source for _, state, _, source in rows if state == status.REUSED})
+    reused = f"{counts[status.REUSED]} reused (from experiment {', '.join(sources)}), " if sources else ""
+    caption = (f"{counts['finished']} finished, {reused}{counts['skipped']} skipped, "
+               f"{len(rows) - sum(counts.values())} failed or stopped"
+               + (f", {counts[status.ELSEWHERE]} {status.ELSEWHERE}" if counts[status.ELSEWHERE] else ""))
+    columns = [Column("job"), Column("result"), Column("detail"), Column("signature", 1)]
+    return _Printable(fitted("ddl-run: summary", columns, table_rows, caption))
+
+
+# -- one run ------------------------------------------------------------------------------------
+class ProgressLogger:
+    """The console's MetricLogger for one run: on a terminal one line redrawn in place; elsewhere that
+    line at the first and last logged step and every DDL_PROGRESS_S seconds in between."""
+
+    def __init__(self, name: str, total_steps: int):
+        self.name, self.progress, self.every_s = name, status.Progress(total_steps), progress_seconds()
+        self.live: Live | None = None
+        self.last: float | None = None
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        line = progress_line(self.name, self.progress.update(metrics, step))
+        if console.is_terminal:
+            if self.live is None:
+                self.live = Live(Text(line), console=console, auto_refresh=False)
+                self.live.start()
+            self.live.update(Text(line), refresh=True)
+        elif self.last is None or step >= self.progress.total or time.monotonic() - self.last >= self.every_s:
+            self.last = time.monotonic()
+            print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .. import paths
+from ..text import plural
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,9 +66,8 @@ def _report(names: list[str] | None, out: Path | None) -> int:
             console.print(against)
         for mark, text in loss.marks().items():
             console.print(f"{mark} {text}")
-        tables, figures = len(report.tables), len(list(report.path.glob("*.png")))
-        console.print(f"report: {report.path / 'index.html'}  ({tables} table{'s' * (tables != 1)}, "
-                      f"{figures} figure{'s' * (figures != 1)})")
+        console.print(f"report: {report.path / 'index.html'}  ({plural(len(report.tables), 'table')}, "
+                      f"{plural(len(list(report.path.glob('*.png'))), 'figure')})")
     return 0
 
 

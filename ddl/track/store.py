@@ -219,6 +219,54 @@ def inherit_history(run_id: str, signature: str, up_to_step: int) -> str | None:
     return source.info.run_id
 
 
+REUSE_SKIPS_TAGS = (ERROR_TAG, EVAL_ERROR_TAG, REPLACES_TAG, "ddl.resumed", "ddl.sweep")
+
+
+def copy_run(source_id: str, experiment: str, signature: str, run_name: str, params: dict, tags: dict) -> str:
+    """A FINISHED run in `experiment` that is the source run (a finished run of the same signature in
+    another experiment) again, without training or evaluating: its curves, summary metrics, dataset
+    input, artifacts, and the tags that say how it was trained (commit, host, checkpoint), with
+    `ddl.history_from` naming the run that trained it. The experiment's own run of the signature is
+    reopened when it has one."""
+    from mlflow.entities import Metric
+    c = client()
+    source = c.get_run(source_id)
+    kept = {k: v for k, v in source.data.tags.items()
+            if k.startswith(("ddl.", "mlflow.source.")) and k not in REUSE_SKIPS_TAGS}
+    trained_by = source.data.tags.get("ddl.history_from", source_id)
+    up_to = last_logged_step(source)
+    run_id = open_run(experiment, signature, run_name, params, {**kept, **tags, "ddl.history_from": trained_by}, up_to)
+    if not c.get_metric_history(run_id, "train/loss"):
+        _copy_history(source, run_id, up_to)
+    now = int(time.time() * 1000)
+    summary = [Metric(k, v, now, 0) for k, v in source.data.metrics.items()
+               if not k.startswith((*HISTORY_PREFIXES, "system/"))]
+    for i in range(0, len(summary), 1000):
+        c.log_batch(run_id, metrics=summary[i:i + 1000])
+    if source.inputs and source.inputs.dataset_inputs:
+        c.log_inputs(run_id, datasets=source.inputs.dataset_inputs)
+    with tempfile.TemporaryDirectory() as tmp, _quiet_downloads():
+        if c.list_artifacts(source_id):
+            c.log_artifacts(run_id, c.download_artifacts(source_id, "", tmp))
+    c.set_terminated(run_id, status="FINISHED")
+    return run_id
+
+
+@contextlib.contextmanager
+def _quiet_downloads():
+    """No progress bar from MLflow's artifact download: a sweep's console shows its own table."""
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    before = os.environ.get(key)
+    os.environ[key] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
 def log_dataset(run_id: str, name: str, digest: str, path: str, profile: dict) -> None:
     """The run's training data as an MLflow dataset input (the runs table's Dataset column)."""
     import json

@@ -15,6 +15,7 @@ import sys
 from omegaconf import OmegaConf
 
 from .. import paths
+from ..text import plural
 from ..data import DataConfig
 from ..model import model_config
 from .config import RunConfig, TrainConfig
@@ -47,7 +48,7 @@ def main(argv: list[str]) -> int:
     logger.close()
     print(f"run {signature}: val/loss {result.final['val/loss']:.4f} nats/token "
           f"(unigram cross-entropy {result.extra['unigram_xent_val']:.4f}), val/bpb {result.final['val/bpb']:.4f}, "
-          f"{result.steps} steps in {result.seconds:.0f} s")
+          f"{plural(result.steps, 'step')} in {result.seconds:.0f} s")
     return 0
 
 
