@@ -105,12 +105,13 @@ def _children(pid: int) -> list:
         return []
 
 
-def slurm_up(directory: Path) -> SlurmCluster:
+def slurm_up(directory: Path, shape: dict | None = None) -> SlurmCluster:
     """`scripts/slurm-local up` in `directory`, ended by a watchdog if this process dies first;
-    skips where SLURM cannot run here (exit 3: not root, no apt-get)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(SLURM_ENV_PREFIXES)}
+    skips where SLURM cannot run here (exit 3: not root, no apt-get). `shape`: a declared node
+    (DDL_SLURM_NODE_CPUS, DDL_SLURM_FAKE_GPUS) instead of this host's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith((*SLURM_ENV_PREFIXES, "DDL_SLURM_"))}
     up = subprocess.run([str(SLURM_LOCAL), "up", "--until-exit", str(os.getpid())], capture_output=True,
-                        text=True, timeout=600, env={**env, "DDL_SLURM_DIR": str(directory)})
+                        text=True, timeout=600, env={**env, **(shape or {}), "DDL_SLURM_DIR": str(directory)})
     if up.returncode == 3:
         pytest.skip(f"no SLURM here: {up.stdout.strip()}")
     assert up.returncode == 0, up.stdout + up.stderr
