@@ -250,3 +250,13 @@ def logged_steps(run, keys=("train/loss", "val/loss")) -> tuple[list[int], ...]:
     from ddl.track import store
     c = store.client()
     return tuple(sorted(m.step for m in c.get_metric_history(run.info.run_id, key)) for key in keys)
+
+
+def assert_two_ranks_trained(sweeps: Path, steps: int = 20) -> None:
+    """A 2-task DDP job's own logs (submitit's, one per task): each rank joined one gloo group of
+    world size 2, and rank 0 logged the last step."""
+    [rank0] = sweeps.rglob("*_0_log.out")
+    [rank1] = sweeps.rglob("*_1_log.out")                                     # rank 1's own process
+    assert "rank 1/2: joined the gloo process group" in rank1.read_text()
+    assert "rank 0/2: joined the gloo process group" in rank0.read_text()
+    assert f"step {steps:6d}" in rank0.read_text()
