@@ -106,12 +106,13 @@ def _children(pid: int) -> list:
         return []
 
 
-def slurm_up(directory: Path) -> SlurmCluster:
+def slurm_up(directory: Path, shape: dict | None = None) -> SlurmCluster:
     """`scripts/slurm-local up` in `directory`, ended by a watchdog if this process dies first;
-    skips where SLURM cannot run here (exit 3: not root, no apt-get)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(SLURM_ENV_PREFIXES)}
+    skips where SLURM cannot run here (exit 3: not root, no apt-get). `shape`: a declared node
+    (DDL_SLURM_NODE_CPUS, DDL_SLURM_FAKE_GPUS) instead of this host's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith((*SLURM_ENV_PREFIXES, "DDL_SLURM_"))}
     up = subprocess.run([str(SLURM_LOCAL), "up", "--until-exit", str(os.getpid())], capture_output=True,
-                        text=True, timeout=600, env={**env, "DDL_SLURM_DIR": str(directory)})
+                        text=True, timeout=600, env={**env, **(shape or {}), "DDL_SLURM_DIR": str(directory)})
     if up.returncode == 3:
         pytest.skip(f"no SLURM here: {up.stdout.strip()}")
     assert up.returncode == 0, up.stdout + up.stderr
@@ -282,3 +283,13 @@ def run_cli_in_terminal(tool: str, *args: str, columns: int = 80, timeout=600, e
             process.kill()
             process.wait()
     return returncode, CURSOR.sub("\n", COLOURS.sub("", b"".join(chunks).decode(errors="replace")))
+
+
+def assert_two_ranks_trained(sweeps: Path, steps: int = 20) -> None:
+    """A 2-task DDP job's own logs (submitit's, one per task): each rank joined one gloo group of
+    world size 2, and rank 0 logged the last step."""
+    [rank0] = sweeps.rglob("*_0_log.out")
+    [rank1] = sweeps.rglob("*_1_log.out")                                     # rank 1's own process
+    assert "rank 1/2: joined the gloo process group" in rank1.read_text()
+    assert "rank 0/2: joined the gloo process group" in rank0.read_text()
+    assert f"step {steps}/{steps}" in rank0.read_text()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.conftest import mlflow_runs, run_cli
+from tests.conftest import assert_two_ranks_trained, mlflow_runs, run_cli
 
 SMOKE = ["model=micro", "train=smoke"]
 
@@ -194,10 +194,7 @@ def test_a_two_task_local_job_trains_with_ddp_on_gloo(ddl_home):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     [run] = mlflow_runs("ddp")
     assert run.info.status == "FINISHED"
-    [rank1] = (ddl_home / "sweeps" / "ddp").rglob("*_1_log.out")                # rank 1's own process
-    assert "rank 1/2: joined the gloo process group" in rank1.read_text()
-    [rank0] = (ddl_home / "sweeps" / "ddp").rglob("*_0_log.out")
-    assert "rank 0/2: joined the gloo process group" in rank0.read_text() and "step 20/20" in rank0.read_text()
+    assert_two_ranks_trained(ddl_home / "sweeps" / "ddp")
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import mlflow_runs, run_cli
+from tests.conftest import assert_two_ranks_trained, mlflow_runs, run_cli
 
 SLURM = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
          "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=20"]
@@ -31,6 +31,20 @@ def test_a_sweep_runs_as_real_sbatch_jobs_and_a_failure_is_failed(slurm, ddl_hom
     assert sorted(r.info.status for r in runs) == ["FAILED", "FAILED", "FINISHED", "FINISHED"]
     assert all(r.data.tags["ddl.launcher"] == "slurm" and r.data.tags["ddl.slurm_job_id"].isdigit() for r in runs)
     assert all(r.data.tags["ddl.error"].startswith("NonFiniteLoss") for r in runs if r.info.status == "FAILED")
+
+
+@pytest.mark.slow
+def test_a_two_task_slurm_job_trains_with_ddp_ranks_from_submitit(slurm, ddl_home):
+    """tasks_per_node=2: one sbatch job, srun starts two tasks, each joins DDP from the environment
+    submitit's TorchDistributedEnvironment exports from SLURM's (ranks, world size, master)."""
+    out = run_cli("ddl-run", "-m", *MICRO, *SLURM, "hydra.launcher.tasks_per_node=2", "train.batch_tokens=512",
+                  "experiment=slurm_ddp", timeout=400)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    [run] = mlflow_runs("slurm_ddp")
+    assert run.info.status == "FINISHED" and run.data.tags["ddl.launcher"] == "slurm"
+    job_id = run.data.tags["ddl.slurm_job_id"]
+    [job_dir] = (ddl_home / "sweeps" / "slurm_ddp").rglob(f".submitit/{job_id}")
+    assert_two_ranks_trained(job_dir)
 
 
 def _requeue_when_running(ddl_home: Path, min_step: int, done: list):

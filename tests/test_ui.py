@@ -1,14 +1,20 @@
 """The browse path for real: `mlflow server` over a store written by a real sweep, its REST API,
-and a headless Chromium rendering the runs table."""
+a headless Chromium rendering the runs table, and `ddl-ui` itself: how it starts and stops."""
 
+import contextlib
 import json
+import os
 import shutil
+import signal
+import socket
 import subprocess
+import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import VENV_BIN, run_cli
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--virtual-time-budget=15000"]
@@ -19,10 +25,16 @@ def server(module_ddl_home):
     sweep = run_cli("ddl-run", "-m", "residual=ddl,baseline", "model=micro", "train=smoke", "experiment=ui")
     assert sweep.returncode == 0, sweep.stderr[-2000:]
     from ddl.track import ui
-    process, base = ui.start()
+    process, base = ui.start(port=kernel_port())      # not 5000's range: other test sessions may use it
     yield base, module_ddl_home
     process.terminate()
     process.wait(10)
+
+
+def kernel_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def post(url, body):
@@ -53,13 +65,93 @@ def test_the_rest_api_serves_the_sweeps_runs_params_and_metrics(server):
 @pytest.mark.skipif(shutil.which("chromium") is None,
                     reason="chromium is not installed (scripts/system-deps needs root + apt)")
 def test_chromium_renders_the_run_names(server, tmp_path):
+    from ddl.track import ui
     base, _ = server
-    url = f"{base}/#/experiments/{experiment_id(base)}/runs"
-    profile = ["--user-data-dir=" + str(tmp_path / "profile")]
+    url = ui.runs_url(base, experiment_id(base))                     # the link ddl-ui prints
+    profile = ["--user-data-dir=" + str(tmp_path / "profile")]       # a fresh browser: GenAI would be its default
     dom = subprocess.run(["chromium", *CHROMIUM_FLAGS, *profile, "--dump-dom", url], capture_output=True,
                          text=True, timeout=120).stdout
     assert "baseline-micro-s0" in dom and "ddl_dv1-micro-s0" in dom
+    assert ">Model registry<" in dom                                   # the model-training workspace's sidebar
+    assert ">Judges<" not in dom and ">Playground<" not in dom         # not the GenAI one's
     shot = tmp_path / "runs.png"
     subprocess.run(["chromium", *CHROMIUM_FLAGS, *profile, "--window-size=1400,900", f"--screenshot={shot}", url],
                    capture_output=True, timeout=120)
     assert shot.stat().st_size > 10_000
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    """pid -> command line of every live process below `pid`."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = {}, list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        try:
+            found[child] = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        todo += children.get(child, [])
+    return found
+
+
+def _serving(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.slow
+def test_ddl_ui_says_it_starts_takes_the_port_after_a_busy_5000_runs_no_job_workers_and_stops_fast(ddl_home,
+                                                                                                   tmp_path):
+    from ddl.track import store, ui
+    store.experiment_id("browse")
+    held = socket.socket()
+    with contextlib.suppress(OSError):                                # 5000 is busy (if not already)
+        held.bind(("127.0.0.1", ui.DEFAULT_PORT))
+        held.listen()
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    started = time.monotonic()
+    process = subprocess.Popen([str(VENV_BIN / "ddl-ui")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        first = process.stdout.readline()
+        assert time.monotonic() - started < 5, "the first line came late"
+        port = int(first.split("http://127.0.0.1:", 1)[1].split()[0])
+        assert port > ui.DEFAULT_PORT and first.startswith("ddl-ui: starting MLflow's server on ")
+        assert f"(port {ui.DEFAULT_PORT} is in use)" in first, first
+        lines = [process.stdout.readline() for _ in range(3)]
+        assert lines[0].rstrip().endswith(f"http://127.0.0.1:{port}/#/experiments?workflowType=machine_learning")
+        assert "/runs?workflowType=machine_learning" in lines[1] and "browse" in lines[1]
+        server = _descendants(process.pid)
+        assert any("uvicorn" in cmd for cmd in server.values()), server
+        assert not [cmd for cmd in server.values() if "huey" in cmd or "_job_runner" in cmd], server
+        stopping = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)
+        assert process.returncode == 0 and time.monotonic() - stopping < 10
+        assert not _serving(port) and not any(Path(f"/proc/{pid}").exists() for pid in server)
+    finally:
+        held.close()
+        if process.poll() is None:                                    # a failed check: ddl-ui stops its server
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    assert not list(cwd.iterdir())                                    # nothing (./mlruns) where it was started
+
+
+def test_mlflows_default_experiment_lives_in_ddl_home(ddl_home, tmp_path, monkeypatch):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    from ddl.track import store
+    default = store.client().get_experiment_by_name("Default")
+    assert default.artifact_location == (ddl_home / "mlartifacts" / "0").as_uri()
+    assert not list(cwd.iterdir())

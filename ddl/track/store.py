@@ -22,7 +22,8 @@ SIGNATURE_TAG = "ddl.signature"
 ERROR_TAG, EVAL_ERROR_TAG = "ddl.error", "ddl.eval_error"
 REPLACES_TAG = "ddl.replaces"      # a run that took over the curves of a deleted one (open_run)
 HISTORY_PREFIXES = ("train/", "val/", "beta/", "erank/")   # the per-step curves a run logs while training
-# MLflow 3 opens an experiment on its GenAI overview unless it is marked as model training.
+# Earlier MLflow 3 UIs open an experiment on its GenAI overview unless it is marked as model training;
+# 3.17's takes its workspace from the link instead (ddl.track.ui's carry it).
 EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 
 
@@ -64,8 +65,10 @@ def check() -> None:
 
 def _open_store(uri: str) -> None:
     """check(), then create the project's SQLite store under a file lock, so processes that start
-    together do not race through MLflow's schema migration."""
-    from mlflow.tracking import MlflowClient
+    together do not race through MLflow's schema migration. MLflow's own "Default" experiment, which
+    every store has, keeps its (unused) artifacts in DDL_HOME/mlartifacts/0, as under `mlflow server
+    --default-artifact-root`, rather than in ./mlruns/0 of whatever directory created the store."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
     check()
     if not uri.startswith("sqlite:///"):
         return
@@ -74,7 +77,7 @@ def _open_store(uri: str) -> None:
         db.parent.mkdir(parents=True, exist_ok=True)
         with open(db.with_name(db.name + ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            MlflowClient(uri).search_experiments(max_results=1)   # creates or migrates the schema
+            SqlAlchemyStore(uri, paths.artifacts_dir().as_uri())   # creates the schema and Default, or checks them
     except OSError as err:
         raise StoreError(f"tracking store {db}: {err.strerror or err} (DDL_HOME={paths.home()})") from None
     except Exception as err:
