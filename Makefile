@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH_CPU := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint report ui bench gpu-check reliability clean-runs
+.PHONY: install demo test test-fast lint report ui bench gpu-check reliability clean-runs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ demo: install
 test: install lint
 	scripts/system-deps
 	$(BIN)/python -m pytest -q
+
+# The contributor's loop: every test not marked slow (pyproject's markers), a few minutes on 2 cores.
+test-fast: install lint
+	scripts/system-deps
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # pyflakes and bugbear at the project's line length (pyproject's [tool.ruff]).
 lint: install
