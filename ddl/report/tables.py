@@ -262,7 +262,9 @@ def deltaproduct_table(runs: pd.DataFrame, sizes: list[str], unit: str) -> Table
     """DeltaProduct (ModelConfig.n_h), in the paper's style: per size the parameter count and the final
     validation loss of the baseline and of every DDL row that has an n_h > 1 sibling, n_h ascending;
     each loss paired with its baseline's. None when no run has n_h > 1."""
-    n_h = pd.to_numeric(runs.get("params.model.n_h", pd.Series(dtype=float)), errors="coerce")
+    if "params.model.n_h" not in runs:          # n_h = 1 is not logged (LATER_FIELDS)
+        return None
+    n_h = pd.to_numeric(runs["params.model.n_h"], errors="coerce")
     families = {family_and_n_h(row)[0] for row in runs.loc[n_h > 1, "row"]}
     if not families:
         return None
