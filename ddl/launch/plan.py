@@ -13,7 +13,8 @@ from ..model.config import DDL_KNOBS
 from ..text import plural
 from . import status
 from .configs import ConfigError
-from .spec import TOP_LEVEL_KEYS, Job, flatten
+from .schema import AXES
+from .spec import Job, flatten
 
 
 @dataclass
@@ -82,7 +83,7 @@ def make_plan(configs: Iterable[tuple[list[str], DictConfig]]) -> Plan:
 def _setting(key: str) -> str:
     """A config key as ddl-run takes it: model.beta_init -> beta_init, model.k_eps -> ddl.k_eps."""
     field = key.removeprefix("model.")
-    if field in TOP_LEVEL_KEYS:
+    if field in AXES:
         return field
     return f"ddl.{field}" if field in DDL_KNOBS else key
 
