@@ -183,12 +183,13 @@ def _average(parts: list[Cell]) -> Cell:
 
 
 def _rows(runs: pd.DataFrame) -> list[str]:
-    """The paper's rows in its order (each replaced by its variants where runs differ in settings),
-    then any other rows."""
+    """The paper's rows in its order (each replaced by its variants where runs differ in settings or
+    n_h, n_h ascending), then any other rows."""
     present = sorted(set(runs["row"]))
     ordered = []
     for paper_row in PAPER_ROWS:
-        variants = [r for r in present if r.partition(" ")[0] == paper_row]
+        variants = sorted((r for r in present if family_and_n_h(r)[0] == paper_row),
+                          key=lambda r: (family_and_n_h(r), r))
         ordered += variants if variants and variants != [paper_row] else [paper_row]
     return ordered + [r for r in dict.fromkeys(runs["row"]) if r not in ordered]
 
@@ -268,8 +269,7 @@ def deltaproduct_table(runs: pd.DataFrame, sizes: list[str], unit: str) -> Table
     families = {family_and_n_h(row)[0] for row in runs.loc[n_h > 1, "row"]}
     if not families:
         return None
-    rows = [r for r in _rows(runs) if r.partition(" ")[0] == BASELINE] + sorted(
-        (r for r in _rows(runs) if family_and_n_h(r)[0] in families), key=lambda r: (*family_and_n_h(r), r))
+    rows = [r for r in _rows(runs) if r.partition(" ")[0] == BASELINE or family_and_n_h(r)[0] in families]
     columns = [Column(f"{size}/{m}", f"{size.capitalize()} {h}", False)
                for size in sizes for m, h in (("params", "Params (M)"), ("val_loss", "Valid Loss"))]
     table = Table("deltaproduct", "DeltaProduct: n_h Delta updates per sublayer, final validation loss", rows,
