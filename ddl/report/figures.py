@@ -61,7 +61,8 @@ def _by_layer(run: pd.Series, pattern: str) -> pd.Series:
 
 def layer_diagnostics(runs: pd.DataFrame, size: str, out_dir: Path) -> list[str]:
     """Per layer at the end of training: beta's mean over the layer's sublayers and Delta steps (top)
-    and the effective rank of the state X (bottom, d_v > 1), one line per finished DDL run."""
+    and the effective rank of the state X (bottom, d_v > 1), one line per finished DDL run: a colour per
+    row, a line style per seed."""
     subset = runs[(runs["params.model.size"] == size) & (runs["status"] == "FINISHED")]
     curves = [(run, _by_layer(run, r"beta/L(\d+)\.\w+(?:\.j\d+)?/mean"), _by_layer(run, r"erank/L(\d+)"))
               for _, run in subset.iterrows()]
@@ -70,14 +71,19 @@ def layer_diagnostics(runs: pd.DataFrame, size: str, out_dir: Path) -> list[str]
         return []
     plt = _pyplot()
     fig, axes = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
-    for run, beta, rank in curves:
-        label = f"{row_label(run['row'])} s{run['params.seed']}"
-        line, = axes[0].plot(beta.index.astype(int), beta.values, marker="o", label=label)
+    colours = {row: f"C{i % 10}" for i, row in enumerate(dict.fromkeys(sorted(run["row"] for run, _, _ in curves)))}
+    seeds = {seed: i for i, seed in enumerate(sorted({run["params.seed"] for run, _, _ in curves}))}
+    for run, beta, rank in sorted(curves, key=lambda c: (c[0]["row"], c[0]["params.seed"])):
+        dashes = ("-", "--", ":", "-.")[seeds[run["params.seed"]] % 4]
+        style = dict(marker="o", color=colours[run["row"]], linestyle=dashes,
+                     label=f"{row_label(run['row'])} s{run['params.seed']}")
+        axes[0].plot(beta.index.astype(int), beta.values, **style)
         if not rank.empty:
-            axes[1].plot(rank.index.astype(int), rank.values, marker="o", color=line.get_color(), label=label)
+            axes[1].plot(rank.index.astype(int), rank.values, **style)
     axes[0].set_ylabel("beta (mean over tokens, sublayers, steps)")
     axes[1].set_ylabel("effective rank of X (d_v > 1)")
     axes[1].set_xlabel("layer")
+    axes[1].xaxis.get_major_locator().set_params(integer=True)
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize="small", ncol=2)
