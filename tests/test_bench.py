@@ -13,6 +13,7 @@ import pytest
 from ddl.bench import ARMS
 
 
+@pytest.mark.slow
 def test_quick_bench_writes_every_arm_as_a_ratio_to_the_baseline(tmp_path, ddl_home):
     out = tmp_path / "bench"
     done = subprocess.run([sys.executable, "-m", "ddl.bench", "--quick", "--out", str(out)],

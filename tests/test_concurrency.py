@@ -18,6 +18,7 @@ def _create_store(home, ready):
     store.experiment_id("together")
 
 
+@pytest.mark.slow
 def test_processes_creating_the_store_at_once_all_get_it(tmp_path, monkeypatch):
     """MLflow migrates a new SQLite store's schema in the first process that opens it; a second one doing
     the same at once crashed inside the migration."""

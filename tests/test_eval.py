@@ -54,6 +54,7 @@ def direct_accuracy(model, tokenizer, items):
     return correct / len(items)
 
 
+@pytest.mark.slow
 def test_lm_eval_accuracy_equals_the_direct_computation(checkpoint, monkeypatch, tmp_path):
     monkeypatch.setenv("DDL_HOME", str(tmp_path))
     result = evaluate(checkpoint, [OFFLINE_TASK], [0], limit=LIMIT)

@@ -33,6 +33,7 @@ def assert_one_line(out, prefix, message, code=2):
     ("data=files data.files=/nonexistent/*.txt", "data.files='/nonexistent/*.txt': matches no file"),
     ("train.device=cuda", "train.device='cuda': this machine has no CUDA device"),
 ])
+@pytest.mark.slow
 def test_bad_values_are_one_line_before_anything_is_created(ddl_home, override, message):
     import torch
     if "cuda" in override and torch.cuda.is_available():
@@ -48,6 +49,7 @@ def assert_nothing_created(home):
     assert not any((home / "data").glob("*.partial")) and not any(home.parent.glob("20*"))
 
 
+@pytest.mark.slow
 def test_a_misspelt_eval_task_is_found_before_training(ddl_home):
     out = run_cli("ddl-run", *SMOKE, "eval.tasks=[arc_easyy]", "eval.shots=[0]")
     assert_one_line(out, "ddl-run: error: ", "eval.tasks='arc_easyy': not an lm-eval task; did you mean arc_easy")

@@ -50,6 +50,7 @@ def damage(path, how):
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["garbled", "truncated", "empty"])
 def test_a_damaged_checkpoint_is_set_aside_and_the_run_resumes_from_the_previous_one(home, trained, how):
     directory = run_dir(home)
@@ -75,6 +76,7 @@ def test_a_damaged_token_shard_is_one_line_and_creates_no_run(home, how):
     assert "ddl-data prepare --force" in line and mlflow_runs("other") == []
 
 
+@pytest.mark.slow
 def test_a_lost_tracking_store_is_noticed_and_the_run_logged_again(home, trained):
     (home / "mlflow.db").write_bytes(b"")
     out = run_cli("ddl-run", *SMOKE)

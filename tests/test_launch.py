@@ -97,6 +97,7 @@ def test_the_store_follows_ddl_home_and_is_not_exported_to_children(ddl_home, mo
     assert other.artifact_location == (tmp_path / "other" / "mlartifacts" / "second").as_uri()
 
 
+@pytest.mark.slow
 def test_a_dry_run_launches_and_writes_nothing(ddl_home):
     out = run_cli("ddl-run", "-m", "+sweep=paper_small", "hydra/launcher=slurm", "--dry-run")
     assert out.returncode == 0, out.stderr[-3000:]

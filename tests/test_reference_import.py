@@ -1,3 +1,4 @@
+import pytest
 """`ddl-eval import-reference`: an authors' checkpoint becomes a run that lm-eval and the report see."""
 
 import csv
@@ -17,6 +18,7 @@ def byte_vocab_checkpoint(path, variant="ddl_dv4"):
     return path
 
 
+@pytest.mark.slow
 def test_an_imported_checkpoint_is_evaluated_and_reported(ddl_home, tmp_path):
     checkpoint = byte_vocab_checkpoint(tmp_path / "pytorch_model.bin")
     out = run_cli("ddl-eval", "import-reference", str(checkpoint), "--variant", "ddl_dv4", "--data", "embedded",
@@ -42,6 +44,7 @@ def test_an_imported_checkpoint_is_evaluated_and_reported(ddl_home, tmp_path):
     assert "ddl_dv4" in rows
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_variant_is_refused_in_one_line_leaving_nothing(ddl_home, tmp_path):
     checkpoint = byte_vocab_checkpoint(tmp_path / "dv4.pt")
     out = run_cli("ddl-eval", "import-reference", str(checkpoint), "--variant", "ddl_dv1", "--data", "embedded")
