@@ -47,6 +47,16 @@ if TEST_DEVICE.type == "cpu":
     _import_triton_kernels_interpreted()
 
 
+@pytest.fixture(scope="module")
+def float64_default():
+    """float64 as torch's default dtype for a whole module (`pytestmark = usefixtures(...)`)."""
+    import torch
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
 @pytest.fixture
 def ddl_home(tmp_path, monkeypatch):
     home = tmp_path / "ddl_home"

@@ -17,12 +17,7 @@ from ddl.model.delta import DeltaResidual, SublayerInput
 D = 8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def float64():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64_default")   # tests/conftest.py
 
 
 def sublayer(n_h: int, dv: int = 1, mapping: str = "k", k_eps: float = 1e-5, seed: int = 0) -> DeltaResidual:

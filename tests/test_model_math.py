@@ -15,12 +15,7 @@ D, DV = 16, 4
 K_EPS = 1e-5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def float64():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64_default")   # tests/conftest.py
 
 
 def unit(d=D, seed=0):
