@@ -62,6 +62,7 @@ def known_task_names() -> list[str]:
         return json.loads(cache.read_text())
     except (OSError, ValueError):
         names = sorted(task_manager().all_tasks)
+        cache.parent.mkdir(parents=True, exist_ok=True)   # the manager may be this process's, for another home
         paths.write_atomic(cache, json.dumps(names))
         return names
 
