@@ -49,11 +49,15 @@ def _sweep_without_m(argv: list[str]) -> str | None:
     """The first override of several values in a command without -m (Hydra's parsers read argv)."""
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
     args = get_args_parser().parse_args(argv)
     if args.multirun:
         return None
-    return next((o.input_line for o in OverridesParser.create().parse_overrides(args.overrides)
-                 if o.is_sweep_override()), None)
+    try:
+        overrides = OverridesParser.create().parse_overrides(args.overrides)
+    except HydraException:          # an override Hydra cannot parse: its own error is the one to show
+        return None
+    return next((o.input_line for o in overrides if o.is_sweep_override()), None)
 
 
 def run_main() -> None:

@@ -32,6 +32,8 @@ def assert_one_line(out, prefix, message, code=2):
     ("ddl.read_init=inf", "read_init=inf: must be null (1/d_v) or a finite number"),
     ("data=files data.files=/nonexistent/*.txt", "data.files='/nonexistent/*.txt': matches no file"),
     ("train.device=cuda", "train.device='cuda': this machine has no CUDA device"),
+    ("ddl.n_h=nan", "ddl.n_h=nan: must be an integer"),
+    ("ddl.n_h=1\n2", "LexerNoViableAltException: ddl.n_h=1 2"),        # Hydra cannot parse it: its line
 ])
 @pytest.mark.slow
 def test_bad_values_are_one_line_before_anything_is_created(ddl_home, override, message):
