@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
+import platform
 from dataclasses import asdict, dataclass
 
 from ..validation import failure, is_int, is_number
@@ -15,6 +17,11 @@ VAL_FRACTION = 0.1   # the share of documents held out by default (the offline e
 
 
 _fail = failure("data")
+
+
+def python_source_versions() -> dict[str, str]:
+    """What the python_source text (ddl.data.sources) is a function of: part of its dataset's name."""
+    return {"python": platform.python_version(), "torch": importlib.metadata.version("torch")}
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,6 @@ class DataConfig:
         if self.source == "fineweb_edu":
             params.update(name=self.fineweb_name, config=self.fineweb_config, tokens=self.fineweb_tokens)
         if self.source == "python_source":
-            from .sources import python_source_versions
             params.update(python_source_versions())
         if self.tokenizer == "bpe":
             params["bpe_vocab"] = self.bpe_vocab

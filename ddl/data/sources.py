@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import importlib.metadata
 import importlib.util
 import json
-import platform
 import sysconfig
 import tokenize
 from pathlib import Path
@@ -54,11 +52,6 @@ def embedded_documents() -> Iterator[str]:
 
 
 SKIPPED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "pydoc_data", "__pycache__"}
-
-
-def python_source_versions() -> dict[str, str]:
-    """What the python_source text is a function of."""
-    return {"python": platform.python_version(), "torch": importlib.metadata.version("torch")}
 
 
 def python_source_files() -> list[Path]:
