@@ -61,8 +61,8 @@ def _by_layer(run: pd.Series, pattern: str) -> pd.Series:
 
 def layer_diagnostics(runs: pd.DataFrame, size: str, out_dir: Path) -> list[str]:
     """Per layer at the end of training: beta's mean over the layer's sublayers and Delta steps (top)
-    and the effective rank of the state X (bottom, d_v > 1), one line per finished DDL run: a colour per
-    row, a line style per seed."""
+    and the effective rank of the state X (bottom, only where a run has d_v > 1), one line per finished
+    DDL run: a colour per row, a line style per seed."""
     subset = runs[(runs["params.model.size"] == size) & (runs["status"] == "FINISHED")]
     curves = [(run, _by_layer(run, r"beta/L(\d+)\.\w+(?:\.j\d+)?/mean"), _by_layer(run, r"erank/L(\d+)"))
               for _, run in subset.iterrows()]
@@ -70,7 +70,9 @@ def layer_diagnostics(runs: pd.DataFrame, size: str, out_dir: Path) -> list[str]
     if not curves:
         return []
     plt = _pyplot()
-    fig, axes = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
+    ranked = any(not rank.empty for _, _, rank in curves)
+    fig, axes = plt.subplots(1 + ranked, 1, figsize=(8, 8 if ranked else 4.5), sharex=True, squeeze=False)
+    axes = axes[:, 0]
     colours = {row: f"C{i % 10}" for i, row in enumerate(dict.fromkeys(sorted(run["row"] for run, _, _ in curves)))}
     seeds = {seed: i for i, seed in enumerate(sorted({run["params.seed"] for run, _, _ in curves}))}
     for run, beta, rank in sorted(curves, key=lambda c: (c[0]["row"], c[0]["params.seed"])):
@@ -81,9 +83,10 @@ def layer_diagnostics(runs: pd.DataFrame, size: str, out_dir: Path) -> list[str]
         if not rank.empty:
             axes[1].plot(rank.index.astype(int), rank.values, **style)
     axes[0].set_ylabel("beta (mean over tokens, sublayers, steps)")
-    axes[1].set_ylabel("effective rank of X (d_v > 1)")
-    axes[1].set_xlabel("layer")
-    axes[1].xaxis.get_major_locator().set_params(integer=True)
+    if ranked:
+        axes[1].set_ylabel("effective rank of X (d_v > 1)")
+    axes[-1].set_xlabel("layer")
+    axes[-1].xaxis.get_major_locator().set_params(integer=True)
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize="small", ncol=2)
