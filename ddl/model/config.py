@@ -192,12 +192,17 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
-# Paper Table 4 (small, medium) plus CPU sizes for tests and the embedded demo.
+# Paper Table 4 (small, medium); CPU sizes for tests, the embedded demo and the CPU scaling study
+# (micro, tiny, mini: heads of 32, non-embedding parameters 0.10M, 0.79M, 1.84M); and large, the
+# GPT-3 760M shape with the paper's heads of 128 (757M with GPT-2's vocabulary), for a cluster's
+# scaling sweep. Sizes are ordered by parameters.
 SIZES: dict[str, dict[str, int]] = {
     "micro": dict(n_layer=2, n_head=2, d_model=64, max_seq_len=256),
     "tiny": dict(n_layer=4, n_head=4, d_model=128, max_seq_len=256),
+    "mini": dict(n_layer=6, n_head=5, d_model=160, max_seq_len=256),
     "small": dict(n_layer=12, n_head=6, d_model=768, max_seq_len=1024),
     "medium": dict(n_layer=24, n_head=8, d_model=1024, max_seq_len=1024),
+    "large": dict(n_layer=24, n_head=12, d_model=1536, max_seq_len=1024),
 }
 
 
@@ -226,3 +231,13 @@ def param_count(cfg: ModelConfig) -> int:
     block = 4 * d * d + 3 * d * hidden + 2 * d + 2 * cfg.head_dim   # attention, SwiGLU, 2 norms, QK norms
     return cfg.vocab_size * d + cfg.n_layer * block + d + ddl_extra_params(cfg)
 
+
+def non_embedding_params(cfg: ModelConfig) -> int:
+    """N of the scaling laws (Kaplan et al. 2020): every parameter but the tied token embedding."""
+    return param_count(cfg) - cfg.vocab_size * cfg.d_model
+
+
+def backbone_params(cfg: ModelConfig) -> int:
+    """The baseline's N at cfg's size: the same for every row of a size, so a token budget of c * N
+    gives every row the baseline's steps (and pairs it with the baseline)."""
+    return non_embedding_params(cfg) - ddl_extra_params(cfg)

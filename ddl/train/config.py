@@ -3,16 +3,20 @@
 Schedules (Hydra YAML in conf/train/ mirrors these):
 - paper: 100k steps, 480 x 1024 = 491,520 tokens per step, lr 1e-3, 2000 warmup, cosine (paper 5.1)
 - cpu:   a few hundred steps of 8 x 128 tokens: the embedded demo on a laptop core
+A token budget that grows with the model (a scaling study): `tokens_per_param` = c sets steps to
+ceil(c * N / batch_tokens), N the backbone's non-embedding parameters (ddl.model.config.backbone_params).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass
 
 from ..data.config import DataConfig
-from ..model.config import LATER_FIELDS, ModelConfig
+from ..model.config import LATER_FIELDS, ModelConfig, backbone_params
 from ..validation import failure, is_finite, is_int, is_number, shown
 
 
@@ -35,7 +39,9 @@ def check_model_numbers(model: ModelConfig) -> None:
 
 
 # When a run logs, validates and checkpoints: none of it changes the weights it learns.
-BOOKKEEPING = ("log_every", "eval_every", "ckpt_every", "keep_checkpoints")
+BOOKKEEPING = ("log_every", "eval_every", "ckpt_every", "keep_checkpoints", "checkpoint_artifact")
+# Which checkpoints a run uploads to its MLflow run (one artifact, replaced): every one, the last, or none.
+CHECKPOINT_ARTIFACTS = ("latest", "final", "none")
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,8 @@ class TrainConfig:
     log_every: int = 10
     compile: bool = False
     device: str = "auto"              # auto | cpu | cuda
+    checkpoint_artifact: str = "latest"   # CHECKPOINT_ARTIFACTS: what travels with the run to its store
+    tokens_per_param: float | None = None   # c: train on c * N tokens (sets steps); null: `steps` does
 
     def __post_init__(self) -> None:
         for key in ("steps", "batch_tokens", "micro_batch", "seq_len", "eval_every", "eval_tokens", "ckpt_every",
@@ -83,6 +91,12 @@ class TrainConfig:
             _fail("compile", self.compile, "must be true or false")
         if self.device not in ("auto", "cpu", "cuda"):
             _fail("device", self.device, "must be one of auto, cpu, cuda")
+        if self.checkpoint_artifact not in CHECKPOINT_ARTIFACTS:
+            _fail("checkpoint_artifact", self.checkpoint_artifact, f"must be one of {', '.join(CHECKPOINT_ARTIFACTS)}")
+        if self.tokens_per_param is not None and not (is_finite(self.tokens_per_param) and self.tokens_per_param > 0):
+            _fail("tokens_per_param", self.tokens_per_param,
+                  "must be null (train.steps sets the budget) or a finite number > 0 (tokens per non-embedding "
+                  "parameter)")
 
     def grad_accum(self, world_size: int) -> int:
         per_step = self.micro_batch * self.seq_len * world_size
@@ -109,6 +123,10 @@ class RunConfig:
         if self.train.seq_len > self.model.max_seq_len:
             raise ValueError(f"train.seq_len={self.train.seq_len}: must be <= model.max_seq_len="
                              f"{self.model.max_seq_len}")
+        if self.train.tokens_per_param is not None:    # the budget c * N decides the steps
+            budget = self.train.tokens_per_param * backbone_params(self.model)
+            steps = max(1, math.ceil(budget / self.train.batch_tokens))
+            object.__setattr__(self, "train", dataclasses.replace(self.train, steps=steps))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -119,14 +137,15 @@ class RunConfig:
 
     def effective_dict(self) -> dict:
         """What changes the numbers: the signature is a hash of this (and the MLflow params are it).
-        Not in it: the data fields the source ignores, when the run logs, validates and saves, and a
-        model field added later while it holds the value earlier runs had (LATER_FIELDS)."""
+        Not in it: the data fields the source ignores, when the run logs, validates and saves, a
+        model field added later while it holds the value earlier runs had (LATER_FIELDS), and the
+        token budget's c (what it changes is the steps it set)."""
         effective = RunConfig(self.model.effective(), self.data, self.train, self.seed).to_dict()
         effective["data"] = self.data.source_params()
         for key, earlier in LATER_FIELDS.items():
             if effective["model"][key] == earlier:
                 del effective["model"][key]
-        for key in BOOKKEEPING:
+        for key in (*BOOKKEEPING, "tokens_per_param"):
             del effective["train"][key]
         return effective
 
