@@ -1,4 +1,4 @@
-"""Entry points: ddl-run (Hydra), ddl-data, ddl-eval, ddl-report, ddl-ui (thin dispatchers).
+"""Entry points: ddl-run (Hydra), ddl-data, ddl-eval, ddl-report, ddl-track, ddl-ui (thin dispatchers).
 
 Nothing heavy is imported here, so `ddl-run --help` and dry runs stay fast.
 """
@@ -148,6 +148,10 @@ def eval_main() -> None:
 
 def report_main() -> None:
     _dispatch("ddl.report.cli")
+
+
+def track_main() -> None:
+    _dispatch("ddl.track.sync")
 
 
 def ui_main() -> None:

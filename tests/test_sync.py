@@ -5,11 +5,15 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from ddl.track import journal as journal_module
+from ddl.track import sync
 from ddl.track.journal import Journal, JournalDamaged
+from tests.conftest import run_cli
 
 
 def _write_run(journal: Journal, uid: str = "a" * 32, steps: int = 3) -> None:
@@ -105,3 +109,150 @@ def test_two_processes_appending_keep_whole_lines(tmp_path):
     runs = Journal(tmp_path).runs()
     assert sorted(runs) == ["x" * 32, "y" * 32] and all(len(h.points) == 300 for h in runs.values())
     assert os.path.getsize(Journal(tmp_path).path) > 600 * 50 * 10
+
+
+# ddl-track sync: journals written as a run writes them, synced into real stores.
+
+def _journal_a_run(home, signature: str, uid: str, shift: float = 0.0, status: str = "FINISHED"):
+    """A run folder as a job leaves it: the run opened (params, tags), curves in batches (one point sent
+    twice, a NaN), a summary at step 0, its dataset, artifacts kept in the folder (a config, a checkpoint
+    logged under another name), a stale tag deleted, the run ended. Returns its Journal."""
+    run_dir = home / "runs" / signature
+    journal = Journal(run_dir)
+    journal.append("run", uid, experiment="sync", name=f"{signature}-s0", start_time=1_700_000_000_000, home="h1")
+    journal.append("tags", uid, tags={"ddl.signature": signature, "ddl.sweep": "sync", "ddl.error": "stale"})
+    journal.append("params", uid, params={"model.dv": "1", "train.steps": "4", "train.seed": "0"})
+    for first in (1, 3):
+        journal.append("metrics", uid, points=[[key, 5.0 / step + shift + i, 1_700_000_001_000 + step, step]
+                                               for step in (first, first + 1)
+                                               for i, key in enumerate(("train/loss", "val/loss"))])
+    journal.append("metrics", uid, points=[["train/loss", 1.25 + shift, 1_700_000_001_004, 4],   # sent again
+                                           ["beta/L00.attn", math.nan, 1_700_000_001_004, 4]])
+    journal.append("dataset", uid, name="tiny", digest="d1", source='{"uri": "tiny"}', source_type="local",
+                   profile='{"tokens": 100}', context="training")
+    for artifact, file, body in (("config.yaml", f"artifacts/{uid}/config.yaml", b"model: micro\n"),
+                                 ("checkpoint/model.pt", "checkpoints/step_4.pt", os.urandom(3000))):
+        (run_dir / file).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / file).write_bytes(body)
+        journal.append("artifact", uid, path=artifact, file=file, sha256=journal_module.file_sha256(run_dir / file),
+                       size=len(body))
+    journal.append("delete_tag", uid, key="ddl.error")
+    journal.append("metrics", uid, points=[["final/val_loss", 1.25 + shift, 1_700_000_002_000, 0]])
+    journal.append("status", uid, status=status, end_time=1_700_000_003_000)
+    return journal
+
+
+def _as_stored(value):
+    return "nan" if math.isnan(value) else value
+
+
+def _assert_holds(client, run, history):
+    """The store's run holds everything the journal's run does: name, times, params, tags, every point
+    (once), the dataset, each artifact's bytes."""
+    info = run.info
+    assert (client.get_experiment(info.experiment_id).name, info.run_name, info.start_time, info.status,
+            info.end_time) == (history.experiment, history.name, history.start_time, history.status, history.end_time)
+    assert run.data.params == history.params
+    assert history.tags.items() <= run.data.tags.items() and "ddl.error" not in run.data.tags
+    held = sorted((m.key, m.step, m.timestamp, _as_stored(m.value)) for key in run.data.metrics
+                  for m in client.get_metric_history(info.run_id, key))
+    assert held == sorted((k, s, t, _as_stored(v)) for k, v, t, s in history.points)
+    assert [(d.dataset.name, d.dataset.digest) for d in run.inputs.dataset_inputs] == [("tiny", "d1")]
+    for path, artifact in history.artifacts.items():
+        local = client.download_artifacts(info.run_id, path, str(Path(tempfile.mkdtemp())))
+        assert journal_module.file_sha256(Path(local)) == artifact["sha256"], path
+
+
+def _runs_by_origin(client):
+    """The store's active runs, by the journal uid they rebuild (their own id where they are the original)."""
+    runs = [run for e in client.search_experiments() for run in client.search_runs([e.experiment_id])]
+    return {run.data.tags.get(sync.ORIGIN_TAG, run.info.run_id): run for run in runs}
+
+
+@pytest.mark.slow
+def test_sync_rebuilds_an_empty_store_and_a_second_sync_adds_nothing(ddl_home):
+    first = _journal_a_run(ddl_home, "sig1", "1" * 32)
+    first.append("deleted", "1" * 32)                      # replaced: a deleted run is not brought back
+    _journal_a_run(ddl_home, "sig1", "2" * 32, shift=0.5)
+    _journal_a_run(ddl_home, "sig2", "3" * 32, shift=1.0, status="KILLED")
+    synced = run_cli("ddl-track", "sync")
+    assert synced.returncode == 0, synced.stderr
+    assert synced.stdout.strip().splitlines()[-1] == (
+        f"ddl-track sync: 2 journals into sqlite:///{ddl_home / 'mlflow.db'}: 2 runs created, 0 updated, "
+        f"0 up to date, 0 conflicts, 1 skipped; 20 points and 4 artifacts added")
+    from ddl.track import store
+    client = store.client()
+    runs = _runs_by_origin(client)
+    assert sorted(runs) == ["2" * 32, "3" * 32]
+    for signature, uid in (("sig1", "2" * 32), ("sig2", "3" * 32)):
+        _assert_holds(client, runs[uid], Journal(ddl_home / "runs" / signature).runs()[uid])
+    again = run_cli("ddl-track", "sync")
+    assert again.returncode == 0 and again.stdout.strip().endswith(
+        "0 runs created, 0 updated, 2 up to date, 0 conflicts, 1 skipped; nothing added"), again.stdout
+    assert sorted(_runs_by_origin(client)) == ["2" * 32, "3" * 32]
+
+
+def _store_run_with_part_of_its_journal(home, uid_points=2):
+    """A run the store holds (the journal's uid is its run id), which lost the writes after its first points."""
+    from mlflow.entities import Metric
+    from ddl.track import store
+    client = store.client()
+    run = client.create_run(store.experiment_id("sync"), start_time=1_700_000_000_000, run_name="sig1-s0")
+    journal = _journal_a_run(home, "sig1", run.info.run_id)
+    history = journal.runs()[run.info.run_id]
+    client.log_batch(run.info.run_id, metrics=[Metric(k, v, t, s) for k, v, t, s in history.points[:uid_points]])
+    return client, run.info.run_id, journal
+
+
+def test_sync_adds_only_what_a_run_in_the_store_lacks(ddl_home):
+    client, run_id, journal = _store_run_with_part_of_its_journal(ddl_home)
+    report = sync.sync_home(ddl_home / "runs", store_uri(ddl_home))
+    assert (dict(report.states), report.points, report.artifacts, report.problems) == ({"updated": 1}, 8, 2, [])
+    run = client.get_run(run_id)
+    assert sync.ORIGIN_TAG not in run.data.tags                  # found by its own id, not rebuilt
+    _assert_holds(client, run, journal.runs()[run_id])
+    assert sync.sync_home(ddl_home / "runs", store_uri(ddl_home)).summary().endswith("1 up to date, 0 conflicts; "
+                                                                                     "nothing added")
+
+
+def store_uri(home):
+    return f"sqlite:///{home / 'mlflow.db'}"
+
+
+@pytest.mark.parametrize("differs", ["param", "point"])
+def test_a_run_held_with_other_numbers_is_one_line_and_left_untouched(ddl_home, capsys, differs):
+    client, run_id, journal = _store_run_with_part_of_its_journal(ddl_home, uid_points=0)
+    if differs == "param":
+        client.log_param(run_id, "model.dv", "4")
+    else:
+        client.log_metric(run_id, "train/loss", 3.0, timestamp=1, step=2)
+    before = client.get_run(run_id)
+    _journal_a_run(ddl_home, "sig2", "3" * 32)                       # another folder: synced all the same
+    capsys.readouterr()
+    assert sync.main(["sync"]) == 1
+    out, err = capsys.readouterr()
+    what = ("param model.dv is '1' in the journal, '4' there" if differs == "param"
+            else "metric train/loss at step 2 is 2.5 in the journal, 3.0 there")
+    assert err.splitlines() == [f"ddl-track: conflict: {journal.path} run {run_id} and {store_uri(ddl_home)} run "
+                                f"{run_id}: {what}; that run is left as it is"]
+    assert out.strip().endswith("1 run created, 0 updated, 0 up to date, 1 conflict; 10 points and 2 artifacts added")
+    after = client.get_run(run_id)
+    assert (after.data.to_dictionary(), after.info.status, client.list_artifacts(run_id)) == (
+        before.data.to_dictionary(), "RUNNING", [])
+
+
+def test_a_damaged_journal_is_one_line_and_the_others_sync(ddl_home, capsys):
+    damaged = _journal_a_run(ddl_home, "sig1", "1" * 32)
+    lines = damaged.path.read_bytes().split(b"\n")
+    lines[3] = lines[3].replace(b"5.0", b"5.5")                       # a changed number in the first curve batch
+    damaged_sha = json.loads(lines[3])["sha"]
+    damaged.path.write_bytes(b"\n".join(lines))
+    torn = _journal_a_run(ddl_home, "sig2", "2" * 32)
+    with open(torn.path, "ab") as f:
+        f.write(b'{"kind":"metrics","run":"' + b"2" * 32 + b'","t":1,"points":[["train/lo')
+    assert sync.main(["sync"]) == 1
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"ddl-track: {damaged.path}:4: checksum {damaged_sha!r} does not match the line "
+                                f"(changed after it was written); its runs are not synced"]
+    assert out.strip().endswith("1 run created, 0 updated, 0 up to date, 0 conflicts; "
+                                                      "10 points and 2 artifacts added")

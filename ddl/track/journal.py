@@ -172,3 +172,12 @@ def _fold(run: RunHistory, record: dict, seen_points: set) -> None:
         run.status, run.end_time = record["status"], record["end_time"]
     elif kind == "deleted":
         run.deleted = True
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes (an artifact record's `sha256`), read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
