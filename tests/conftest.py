@@ -303,3 +303,136 @@ def assert_two_ranks_trained(sweeps: Path, steps: int = 20) -> None:
     assert "rank 1/2: joined the gloo process group" in rank1.read_text()
     assert "rank 0/2: joined the gloo process group" in rank0.read_text()
     assert f"step {steps}/{steps}" in rank0.read_text()
+
+
+# A private MLflow team server (scripts/mlflow-team): PostgreSQL behind `mlflow server --serve-artifacts`.
+
+MLFLOW_TEAM = ROOT / "scripts" / "mlflow-team"
+
+
+def _process_group(pgid: int) -> list[int]:
+    """The live processes of process group `pgid`."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError, ValueError):
+            continue
+        if group == str(pgid) and state != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def _team_server_pids(directory: Path) -> dict:
+    """The MLflow server's processes: the `mlflow server` PID `up` recorded and its process group (uvicorn)."""
+    leader = int((directory / "mlflow.pid").read_text())
+    return {"mlflow": leader, **{f"mlflow/{pid}": pid for pid in _process_group(leader) if pid != leader}}
+
+
+@dataclass
+class TeamServer:
+    """A private team server from `scripts/mlflow-team up`: PostgreSQL and `mlflow server --serve-artifacts`
+    at `uri`, its artifacts under `dir/artifacts`, everything under `dir`."""
+    dir: Path
+    uri: str
+    pids: dict          # name -> PID of what `up` started (postgres and its children, the server's group, the watchdog)
+
+    def env(self) -> dict:
+        return {"DDL_TEAM_DIR": str(self.dir), "DDL_TEAM_PYTHON": sys.executable}
+
+    def script(self, *args: str) -> subprocess.CompletedProcess:
+        """`scripts/mlflow-team <args>` on this server's directory."""
+        return subprocess.run([str(MLFLOW_TEAM), *args], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, **self.env()})
+
+    def alive(self) -> list:
+        return [f"{name}:{pid}" for name, pid in self.pids.items() if _running(pid)]
+
+    def credentials(self) -> dict:
+        """The admin's basic-auth variables (a server started with `up --auth`)."""
+        password = (self.dir / "admin-password").read_text().strip()
+        return {"MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": password}
+
+    def stop_server(self) -> None:
+        """Stop only the MLflow server (an outage; PostgreSQL runs on): its processes are gone on return."""
+        server = {name: pid for name, pid in self.pids.items() if name.startswith("mlflow")}
+        stopped = self.script("stop-server")
+        left = [f"{name}:{pid}" for name, pid in server.items() if _running(pid)]
+        assert stopped.returncode == 0 and not left, f"stop-server left {left}: {stopped.stdout}{stopped.stderr}"
+
+    def start_server(self) -> None:
+        """Start the MLflow server again, on the same port; it answers on return."""
+        started = self.script("start-server")
+        assert started.returncode == 0, started.stdout + started.stderr
+        self.pids = {name: pid for name, pid in self.pids.items() if not name.startswith("mlflow")}
+        self.pids.update(_team_server_pids(self.dir))
+
+
+def team_up(directory: Path, auth: bool = False) -> TeamServer:
+    """`scripts/mlflow-team up` in `directory` (with `--auth`: MLflow's basic-auth app), ended by a watchdog if
+    this process dies first; skips where it cannot run here (exit 3: no PostgreSQL, no psycopg2)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDL_TEAM_", "MLFLOW_TRACKING_"))}
+    up = subprocess.run([str(MLFLOW_TEAM), "up", *(["--auth"] if auth else []), "--until-exit", str(os.getpid())],
+                        capture_output=True, text=True, timeout=300,
+                        env={**env, "DDL_TEAM_DIR": str(directory), "DDL_TEAM_PYTHON": sys.executable})
+    if up.returncode == 3:
+        pytest.skip(f"no team server here: {up.stdout.strip()}")
+    assert up.returncode == 0, up.stdout + up.stderr
+    [uri] = re.findall(r"^export MLFLOW_TRACKING_URI=(\S+)$", up.stdout, re.M)
+    postgres = int((directory / "postgres.pid").read_text())
+    pids = {"postgres": postgres, **{f"postgres/{child}": child for child in _children(postgres)},
+            **_team_server_pids(directory), "watchdog": int((directory / "watchdog.pid").read_text())}
+    return TeamServer(directory, uri, pids)
+
+
+def team_down(server: TeamServer) -> subprocess.CompletedProcess:
+    """`scripts/mlflow-team down` for this server; then none of the processes `up` started may run."""
+    down = server.script("down")
+    deadline = time.time() + 10
+    while server.alive() and time.time() < deadline:
+        time.sleep(0.1)
+    assert down.returncode == 0 and not server.alive(), f"mlflow-team down left {server.alive()}: {down.stdout}"
+    return down
+
+
+@contextlib.contextmanager
+def private_team_server(auth: bool = False):
+    """A team server in a new directory under the system's temp dir (PostgreSQL runs as the `postgres` user,
+    who cannot enter pytest's private tmp dirs), torn down by the PIDs it started and removed: on leaving,
+    on Ctrl-C or SIGTERM (turned into KeyboardInterrupt), at interpreter exit (atexit) and, if this process
+    is killed outright, by the watchdog `up --until-exit` leaves."""
+    import tempfile
+    if shutil.which("bash") is None:
+        pytest.skip("no bash for scripts/mlflow-team")
+    directory = Path(tempfile.mkdtemp(prefix="ddl-team-"))
+    done = []
+
+    def teardown():
+        if not done:
+            done.append(True)
+            try:
+                if server:
+                    team_down(server)
+            finally:
+                shutil.rmtree(directory, ignore_errors=True)
+
+    server = None
+    atexit.register(teardown)
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        server = team_up(directory, auth)
+        yield server
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        atexit.unregister(teardown)
+        teardown()
+
+
+@pytest.fixture(scope="session")
+def team_server():
+    """The suite's private team server (PostgreSQL + `mlflow server --serve-artifacts` on 127.0.0.1), up once
+    per session. It sets no variable: a test points a process at it with `MLFLOW_TRACKING_URI=team_server.uri`;
+    `stop_server()` / `start_server()` take the MLflow server down and up again on the same port."""
+    with private_team_server() as server:
+        yield server
