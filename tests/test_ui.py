@@ -25,10 +25,9 @@ def server(module_ddl_home):
     sweep = run_cli("ddl-run", "-m", "residual=ddl,baseline", "model=micro", "train=smoke", "experiment=ui")
     assert sweep.returncode == 0, sweep.stderr[-2000:]
     from ddl.track import ui
-    process, base = ui.start(port=kernel_port())      # not 5000's range: other test sessions may use it
-    yield base, module_ddl_home
-    process.terminate()
-    process.wait(10)
+    server = ui.start(port=kernel_port())             # not 5000's range: other test sessions may use it
+    yield server.base, module_ddl_home
+    ui.stop(server)
 
 
 def kernel_port() -> int:
@@ -145,6 +144,37 @@ def test_ddl_ui_says_it_starts_takes_the_port_after_a_busy_5000_runs_no_job_work
             except subprocess.TimeoutExpired:
                 process.kill()
     assert not list(cwd.iterdir())                                    # nothing (./mlruns) where it was started
+
+
+def _gone(pid: int) -> bool:
+    """Whether the process has exited (a zombie has: nothing reaps an orphan's here, PID 1 may not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.slow
+def test_a_sigkill_of_ddl_ui_takes_its_server_and_the_servers_workers_along(ddl_home):
+    from ddl.track import ui
+    port = kernel_port()
+    process = subprocess.Popen([str(VENV_BIN / "ddl-ui"), "--port", str(port)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        for line in process.stdout:
+            if "Ctrl-C to stop." in line:
+                break
+        server = _descendants(process.pid)
+        assert _serving(port) and any("uvicorn" in cmd for cmd in server.values()), server
+        process.kill()
+        process.wait()
+        deadline = time.monotonic() + 30                              # a bound, not a measurement
+        while not (ui.port_is_free("127.0.0.1", port) and all(map(_gone, server))):
+            assert time.monotonic() < deadline, {pid: cmd for pid, cmd in server.items() if not _gone(pid)}
+            time.sleep(0.2)
+    finally:
+        if process.poll() is None:
+            process.kill()
 
 
 def test_mlflows_default_experiment_lives_in_ddl_home(ddl_home, tmp_path, monkeypatch):
