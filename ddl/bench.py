@@ -215,8 +215,10 @@ def _environ(**values: str | None):
 
 def _log_steps(metrics: dict, calls: int, pause_s: float) -> tuple[float, float]:
     """Seconds spent in MLflowLogger.log_metrics over `calls` steps `pause_s` apart, and in close()."""
-    from .track import store
-    logger = store.MLflowLogger(store.open_run("bench", "bench", "bench", {}, {}))
+    from . import paths
+    from .track import logger as track_logger
+    from .track import runs
+    logger = track_logger.MLflowLogger(runs.open_run("bench", "bench", "bench", {}, {}, paths.runs_dir() / "bench"))
     in_calls = 0.0
     for step in range(calls):
         if pause_s:

@@ -66,9 +66,11 @@ def training_runs(out: Path, steps: int) -> dict:
     for arm in RUN_ARMS:
         with tempfile.TemporaryDirectory() as home:            # a fresh DDL_HOME: nothing skipped as done
             code, seconds = logged(f"run-{arm}", run_command(arm, steps), out, DDL_HOME=home)
-            done = [json.loads(p.read_text())["gpu-check"] for p in Path(home).glob("runs/*/done.json")]
             status = [json.loads(p.read_text()) for p in Path(home).glob("runs/*/status.json")]
-        runs[arm] = {"exit_code": code, "seconds": seconds, "final": done[0]["final"] if done else None,
+        finished = status and status[0].get("state") == "finished"
+        runs[arm] = {"exit_code": code, "seconds": seconds,
+                     "final": {"train/loss": status[0]["train_loss"], "val/loss": status[0]["val_loss"]}
+                     if finished else None,
                      "tokens_per_s": status[0].get("tokens_per_s") if status else None}
     return runs
 

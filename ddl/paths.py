@@ -9,6 +9,7 @@ and an installed wheel uses `~/.local/share/ddl`.
     $DDL_HOME/data/<name>/     token shards + manifest + tokenizer
     $DDL_HOME/runs/<sig>/      checkpoints and logs of one run, named by its signature
     $DDL_HOME/sweeps/<name>/   launcher logs (submitit)
+    $DDL_HOME/home_id          this home's id in a shared tracking store (made once)
 """
 
 from __future__ import annotations
@@ -57,6 +58,26 @@ def artifacts_dir() -> Path:
 def reports_dir() -> Path:
     root = project_root()
     return (root / "reports") if root else home() / "reports"
+
+
+def home_id() -> str:
+    """A random id for this home, made once: a shared tracking store tells homes apart by it (one host
+    may hold several homes, and one home on a cluster's shared disk serves many hosts)."""
+    path = home() / "home_id"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        import secrets
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".home_id.{os.getpid()}.tmp")
+        tmp.write_text(secrets.token_hex(6) + "\n")
+        try:
+            os.link(tmp, path)                   # whole or absent: the first process to link names the home
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+        return path.read_text().strip()
 
 
 def write_atomic(path: Path, data: bytes | str | Callable[[BinaryIO], object], durable: bool = False) -> None:

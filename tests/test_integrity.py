@@ -55,7 +55,7 @@ def damage(path, how):
 def test_a_damaged_checkpoint_is_set_aside_and_the_run_resumes_from_the_previous_one(home, trained, how):
     directory = run_dir(home)
     damage(directory / "checkpoints" / "step_00000020.pt", how)
-    (directory / "done.json").unlink()
+    ended_killed(directory)
     out = run_cli("ddl-run", *SMOKE)
     assert out.returncode == 0, out.stderr[-3000:]
     [line] = [line for line in out.stderr.splitlines() if "step_00000020.pt" in line]
@@ -77,13 +77,19 @@ def test_a_damaged_token_shard_is_one_line_and_creates_no_run(home, how):
 
 
 @pytest.mark.slow
-def test_a_lost_tracking_store_is_noticed_and_the_run_logged_again(home, trained):
-    (home / "mlflow.db").write_bytes(b"")
+@pytest.mark.parametrize("how", ["emptied", "deleted"])
+def test_a_lost_tracking_store_gets_the_run_back_from_its_folder_in_full(home, trained, how):
+    """The journal in the run folder rebuilds the run, curves included; nothing trains again."""
+    if how == "emptied":
+        (home / "mlflow.db").write_bytes(b"")
+    else:
+        (home / "mlflow.db").unlink()
     out = run_cli("ddl-run", *SMOKE)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "does not hold that run FINISHED; running the job again" in out.stdout
+    assert "had lost its run" in out.stdout and "rebuilt from" in out.stdout and "skipped" in out.stdout
     [run] = mlflow_runs("default")
     assert run.info.status == "FINISHED" and run.data.metrics["final/val/loss"] == pytest.approx(trained[1], abs=1e-4)
+    assert curves() == ([5, 10, 15, 20], [10, 20])
 
 
 def test_a_garbled_tracking_store_is_refused_not_replaced(home):
@@ -96,11 +102,32 @@ def test_a_garbled_tracking_store_is_refused_not_replaced(home):
 
 
 @pytest.mark.slow
-def test_retraining_a_deleted_run_folder_replaces_the_runs_history(home, trained):
+def test_a_deleted_run_folder_is_not_trained_again_while_the_store_holds_the_run(home, trained):
+    [before] = mlflow_runs("default")
     shutil.rmtree(run_dir(home))
     out = run_cli("ddl-run", *SMOKE)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert curves() == ([5, 10, 15, 20], [10, 20])                     # not 8 train/loss points
-    from ddl.track import store
-    deleted = store.client().search_runs([mlflow_runs("default")[0].info.experiment_id], run_view_type=2)
-    assert len(deleted) == 1 and mlflow_runs("default")[0].data.tags["ddl.replaces"] == deleted[0].info.run_id
+    assert "already finished" in out.stdout and "skipped" in out.stdout
+    [after] = mlflow_runs("default")
+    assert after.info.run_id == before.info.run_id and curves() == ([5, 10, 15, 20], [10, 20])
+
+
+@pytest.mark.slow
+def test_a_killed_run_whose_folder_is_gone_resumes_from_the_stores_checkpoint(home, trained):
+    """Its checkpoint artifact comes back, verified, and training goes on from it into a run of its own
+    with the killed run's curves up to there: every step once."""
+    directory = run_dir(home)
+    ended_killed(directory)
+    shutil.rmtree(directory)
+    out = run_cli("ddl-run", *SMOKE)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "checkpoint of step 20 downloaded" in out.stdout and "sha256 verified" in out.stdout
+    assert f"val/loss {trained[1]:.4f}" in out.stdout
+    assert curves() == ([5, 10, 15, 20], [10, 20])
+
+
+def ended_killed(directory):
+    """The trained run as a job killed after its last checkpoint leaves it: KILLED, in the store and its journal."""
+    from ddl.track import runs
+    [run] = mlflow_runs("default")
+    runs.TrackedRun(run.info.run_id, directory).terminate("KILLED")

@@ -26,7 +26,10 @@ def test_the_users_sweep_runs_three_distinct_jobs_then_skips_them(ddl_home, tmp_
         curves = {"train/loss", "val/loss", "val/ppl", "train/lr", "train/grad_norm", "train/tokens_per_s"}
         assert curves <= run.data.metrics.keys()
         assert [m.step for m in c.get_metric_history(run.info.run_id, "val/loss")] == [10, 20]
-        assert {a.path for a in c.list_artifacts(run.info.run_id)} == {"config.yaml", "final_metrics.json", "train.log"}
+        assert {a.path for a in c.list_artifacts(run.info.run_id)} == {"config.yaml", "final_metrics.json", "train.log",
+                                                                       "checkpoint"}
+        [uploaded] = c.list_artifacts(run.info.run_id, "checkpoint")    # the final checkpoint travels with the run
+        assert uploaded.path == "checkpoint/model.pt" and run.data.tags["ddl.checkpoint_step"] == "20"
         if run.data.params["model.residual"] == "ddl":
             assert "beta/frac_gt1" in run.data.metrics and "beta/L01.mlp/mean" in run.data.metrics
         else:                                                            # what does not shape a baseline
@@ -70,17 +73,24 @@ def test_a_job_finished_in_another_experiment_is_reused_with_its_curves_and_eval
 
 
 def test_the_mlflow_logger_writes_every_metric_of_every_step_in_the_background(ddl_home):
-    """Batches go to MLflow's logging thread (several in flight over the run); close() waits for
-    them, and the store then holds each step's values, in order."""
-    from ddl.track import store
-    run_id = store.open_run("logger", "sig", "logger", {}, {})
-    logger = store.MLflowLogger(run_id, max_buffer=50)            # a batch every 25 steps
+    """Batches go to the logger's worker thread (several over the run); close() waits for them, and the
+    store, like the run folder's journal, then holds each step's values, in order."""
+    from ddl import paths
+    from ddl.track import runs, store
+    from ddl.track.journal import Journal
+    from ddl.track.logger import MLflowLogger
+    run_dir = paths.runs_dir() / "sig"
+    run = runs.open_run("logger", "sig", "logger", {}, {}, run_dir)
+    logger = MLflowLogger(run, max_buffer=50)            # a batch every 25 steps
     for step in range(1, 201):
         logger.log_metrics({"train/loss": 1.0 / step, "train/lr": step * 1e-3}, step)
     logger.close()
-    history = store.client().get_metric_history(run_id, "train/loss")
+    history = store.client().get_metric_history(run.id, "train/loss")
     assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == [(s, 1.0 / s) for s in range(1, 201)]
-    assert len(store.client().get_metric_history(run_id, "train/lr")) == 200
+    assert len(store.client().get_metric_history(run.id, "train/lr")) == 200
+    journaled = Journal(run_dir).runs()[run.id].points
+    assert sorted((step, value) for key, value, _, step in journaled if key == "train/loss") == \
+        [(s, 1.0 / s) for s in range(1, 201)]
 
 
 def test_the_store_follows_ddl_home_and_is_not_exported_to_children(ddl_home, monkeypatch, tmp_path):
@@ -155,7 +165,7 @@ def test_an_unavailable_hub_task_keeps_the_training_results(ddl_home, tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("model=huge", "model=huge: must be one of medium, micro, small, tiny"),
+    ("model=huge", "model=huge: must be one of large, medium, micro, mini, small, tiny"),
     ("dv=0", "dv=0: must be an integer >= 1"),
     ("beta_init=3", "beta_init=3.0: must be a number in [0, 2]"),
     ("dv=2 conv=cc ddl.state_conv_kernel=3", "state_conv_kernel=3: must be <= dv=2 for conv=cc"),

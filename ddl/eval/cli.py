@@ -16,12 +16,21 @@ from .suites import OFFLINE_TASK, PAPER_TASKS
 
 
 def _resolve(target: str) -> Path:
+    """A checkpoint file, a run folder, or a signature: its folder in this home, where a checkpoint the
+    store holds (another home's run) is downloaded first."""
     path = Path(target)
     if path.exists():
         return path
-    if (paths.runs_dir() / target).is_dir():
-        return paths.runs_dir() / target
-    raise ValueError(f"run={target!r}: not a checkpoint, a run directory, or a signature under {paths.runs_dir()}")
+    run_dir = paths.runs_dir() / target
+    from ..track import store
+    from ..train import checkpoint
+    if checkpoint.latest(run_dir) is None and store.is_signature(target):
+        from ..track import checkpoints
+        checkpoints.fetch(target, lambda step: checkpoint.path_for(run_dir, step))
+    if run_dir.is_dir():
+        return run_dir
+    raise ValueError(f"run={target!r}: not a checkpoint, a run directory, or a signature of a run in "
+                     f"{paths.runs_dir()} or with a checkpoint in the store")
 
 
 def _download(tasks: list[str]) -> int:
@@ -63,10 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from .harness import evaluate
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    from ..track import store
+    from ..track import runs, store
     try:
-        target = _resolve(args.target)
         store.client()                   # a store that cannot take the scores fails before the evaluation
+        target = _resolve(args.target)
         result = evaluate(target, list(spec.tasks), list(spec.shots), batch_size=spec.batch_size, limit=spec.limit,
                           device=device)
     except ValueError as err:
@@ -76,6 +85,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:<48} {value:.4f}")
     from ..train.checkpoint import load_checkpoint_model
     signature = load_checkpoint_model(target)[1]["signature"]
-    logged = store.log_evaluation(signature, result.scores, result.results_json)
+    logged = runs.log_evaluation(signature, result.scores, result.results_json, paths.runs_dir() / signature)
     print(f"logged to MLflow run(s): {', '.join(logged)}" if logged else "no MLflow run has this signature; not logged")
     return 0

@@ -8,6 +8,7 @@ Only rank 0 talks to MLflow and writes status; every rank trains.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import signal
@@ -23,6 +24,8 @@ from .configs import ConfigError
 from .spec import Job, row_name
 from .table import ProgressLogger, progress_seconds
 
+TRAIN = "train"     # rank 0's decision that the job trains (status.announce)
+
 
 def _git() -> tuple[str, str]:
     root = paths.project_root()
@@ -37,16 +40,19 @@ def _git() -> tuple[str, str]:
         return "unknown", "unknown"
 
 
-def _join_submitit_ddp() -> str:
-    """Export torch.distributed's environment (submitit's helper) when a job has several tasks."""
+def _join_submitit_ddp() -> tuple[str, str | None]:
+    """(the launcher, the key of a multi-task job: its id and attempt; None for one task), after exporting
+    torch.distributed's environment (submitit's helper) when the job has several tasks."""
     try:
         import submitit
         env = submitit.JobEnvironment()
     except RuntimeError:  # not inside a submitit job
-        return "none"
-    if env.num_tasks > 1:   # each rank keeps every GPU visible and picks cuda:LOCAL_RANK itself
-        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-    return env.cluster
+        return "none", None
+    if env.num_tasks == 1:
+        return env.cluster, None
+    # each rank keeps every GPU visible and picks cuda:LOCAL_RANK itself
+    submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+    return env.cluster, f"{env.job_id}.{os.environ.get('SLURM_RESTART_COUNT', '0')}"
 
 
 def _tags(job: Job, launcher: str) -> dict:
@@ -62,89 +68,122 @@ def _tags(job: Job, launcher: str) -> dict:
 
 
 def run_task(cfg: DictConfig) -> dict:
-    """The job's steps: claim the signature -> skip if done, reuse if done in another experiment -> set
-    up and resume training -> open its MLflow run -> train -> evaluate -> close the run. Every error
-    before training starts is one line, and leaves no run. A signature another process is working on
-    is left to it."""
+    """The job's steps: claim the signature -> skip if done, reuse if done in another experiment, leave it
+    when another home trains it -> set up and resume training (from the store's checkpoint when the folder
+    has none) -> open its MLflow run -> train -> evaluate -> close the run. Every error before training
+    starts is one line, and leaves no run. A signature another process is working on is left to it; the
+    other ranks of a multi-task job follow rank 0's decision."""
     job = Job.from_config(cfg)
     progress_seconds()   # a bad DDL_PROGRESS_S is one line, before anything is written
     job.label = status.read(paths.runs_dir() / job.signature).get("label", "")   # the sweep's name for it
-    launcher = _join_submitit_ddp()
-    is_main = os.environ.get("RANK", "0") == "0"
-    return _claimed(job, is_main, lambda run_dir: _run_claimed(cfg, job, run_dir, launcher, is_main))
+    launcher, job_key = _join_submitit_ddp()
+    if os.environ.get("RANK", "0") != "0":
+        return _follow_rank0(cfg, job, launcher, job_key)
+    return _claimed(job, job_key, lambda run_dir: _run_claimed(cfg, job, run_dir, launcher, job_key))
 
 
-def reuse(job: Job, source: str, entry: dict) -> dict:
-    """The sweep launcher's way to reuse a job finished in experiment `source` (status.finished_elsewhere),
+def reuse(job: Job, found) -> dict:
+    """The sweep launcher's way to reuse a job finished in another experiment (store.finished_elsewhere),
     in its own process: no job is launched for it."""
-    return _claimed(job, True, lambda run_dir: _reuse(job, run_dir, source, entry, True))
+    return _claimed(job, None, lambda run_dir: _reuse(job, run_dir, found))
 
 
-def _claimed(job: Job, is_main: bool, work) -> dict:
+def _claimed(job: Job, job_key: str | None, work) -> dict:
     run_dir = paths.runs_dir() / job.signature
     try:
-        with status.claim(run_dir) if is_main else contextlib.nullcontext():
+        with status.claim(run_dir):
             return work(run_dir)
     except status.RunningElsewhere as err:
-        print(f"{job.name} [{job.signature}]: {err}; left to it")
-        return {"signature": job.signature, "status": status.ELSEWHERE, "detail": str(err)}
+        return _left(job, run_dir, job_key, str(err))
 
 
-def _run_claimed(cfg: DictConfig, job: Job, run_dir, launcher: str, is_main: bool) -> dict:
-    from ..track import store
+def _left(job: Job, run_dir, job_key: str | None, why: str) -> dict:
+    print(f"{job.name} [{job.signature}]: {why}; left to it", flush=True)
+    status.announce(run_dir, job_key, why)
+    return {"signature": job.signature, "status": status.ELSEWHERE, "detail": why}
+
+
+def _follow_rank0(cfg: DictConfig, job: Job, launcher: str, job_key: str | None) -> dict:
+    """Ranks > 0 train only when rank 0 does (it holds the claim and talks to the store)."""
+    run_dir = paths.runs_dir() / job.signature
+    decision = status.await_decision(run_dir, job_key)
+    if decision != TRAIN:
+        return {"signature": job.signature, "status": status.ELSEWHERE, "detail": decision}
+    trainer = _set_up(job, run_dir)
+    with open(run_dir / "train.log", "a", encoding="utf-8") as log_file:
+        trainer.logger = _loggers(job, run_dir, None, log_file)
+        result = trainer.fit()
+        trainer.logger.close()
+    return {"signature": job.signature, "status": "finished", "run_id": None, "final": dict(result.final)}
+
+
+def _run_claimed(cfg: DictConfig, job: Job, run_dir, launcher: str, job_key: str | None) -> dict:
+    from ..track import checkpoints, store
+    from ..train import checkpoint
     evaluations = job.evaluation.evaluations()
     try:
-        if is_main:
-            store.check()
-        done = status.finished_in(run_dir, job.experiment, evaluations)
-        elsewhere = None if done else status.finished_elsewhere(run_dir, job.experiment, evaluations)
-    except ValueError as err:   # the store cannot be used
+        store.check()
+        done = status.finished_in(run_dir, job.signature, job.experiment, evaluations)
+        elsewhere = None if done else store.finished_elsewhere(job.signature, job.experiment, evaluations)
+        rival = None if done or elsewhere else store.running_elsewhere(job.signature)
+        if not (done or elsewhere or rival) and checkpoint.latest(run_dir) is None:
+            checkpoints.fetch(job.signature, lambda step: checkpoint.path_for(run_dir, step))
+    except ValueError as err:   # the store cannot be used, a damaged journal or download
         raise ConfigError(str(err)) from None
     if done:
-        print(f"{job.name} [{job.signature}]: already finished in '{job.experiment}' (MLflow run {done['run_id']}); "
+        status.announce(run_dir, job_key, "finished before; skipped")
+        by = f", trained by {done.trained_by}" if done.trained_by else ""
+        print(f"{job.name} [{job.signature}]: already finished in '{job.experiment}' (MLflow run {done.run_id}{by}); "
               f"skipped")
-        return {"signature": job.signature, "status": "skipped", **done}
+        return {"signature": job.signature, "status": "skipped", "run_id": done.run_id, "final": done.final}
     if elsewhere:
-        return _reuse(job, run_dir, *elsewhere, is_main)
+        status.announce(run_dir, job_key, status.reused(elsewhere.experiment))
+        return _reuse(job, run_dir, elsewhere)
+    if rival:
+        return _left(job, run_dir, job_key, f"{status.ELSEWHERE} ({rival})")
     trainer = _set_up(job, run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)   # other ranks write their log there too
-    run_id = _open_run(job, run_dir, launcher, trainer.step) if is_main else None
+    run = _open_run(job, run_dir, launcher, trainer.step)
+    rival = store.running_elsewhere(job.signature, besides=run.client.get_run(run.id))
+    if rival:                      # another home started it at the same moment, and first
+        run.delete()
+        return _left(job, run_dir, job_key, f"{status.ELSEWHERE} ({rival})")
+    status.announce(run_dir, job_key, TRAIN)
+    return _train(cfg, job, run_dir, run, trainer, launcher)
+
+
+def _train(cfg: DictConfig, job: Job, run_dir, run, trainer, launcher: str) -> dict:
     log_path = run_dir / "train.log"
     with open(log_path, "a", encoding="utf-8") as log_file:
-        trainer.logger = logger = _loggers(job, run_dir, run_id, log_file)
+        trainer.logger = logger = _loggers(job, run_dir, run, log_file)
         try:
             result = trainer.fit()
             logger.close()
             outcome = Outcome(cfg, dict(result.final))
-            if is_main:
-                _record(job, run_dir, run_id, result, outcome, log_path)
+            _record(job, run_dir, run, result, outcome, log_path)
             print(f"{job.name} [{job.signature}]: val/loss {outcome.final['val/loss']:.4f}  "
                   f"({plural(result.steps, 'step')}, {result.seconds:.0f} s)")
-            return {"signature": job.signature, "status": "finished", "run_id": run_id, "final": outcome.final}
+            return {"signature": job.signature, "status": "finished", "run_id": run.id, "final": outcome.final}
         except BaseException as err:
             with _signals_held():
-                logger.close()
-                if is_main and not (isinstance(err, SystemExit) and launcher == "slurm"):  # SLURM requeues it
-                    _close_interrupted(run_dir, run_id, err, log_path)
+                _close_quietly(logger)
+                if not (isinstance(err, SystemExit) and launcher == "slurm"):  # SLURM requeues it
+                    _close_interrupted(run_dir, run, err, log_path)
             raise
 
 
-def _reuse(job: Job, run_dir, source: str, entry: dict, is_main: bool) -> dict:
-    """Finished in experiment `source` with every evaluation asked for: its run there is copied into
-    this experiment (store.copy_run) and the job is done here, without training or evaluating."""
-    from ..track import store
-    run_id = None
-    if is_main:
-        run_id = store.copy_run(entry["run_id"], job.experiment, job.signature, job.name, job.params(),
-                                {"ddl.sweep": job.experiment, "ddl.reused_from": source})
-        status.mark_done(run_dir, job.experiment, {**entry, "run_id": run_id, "reused_from": source})
-        steps = job.run.train.steps
-        status.write(run_dir, state=status.REUSED, reused_from=source, name=job.name, label=job.label, run_id=run_id,
-                     step=steps,
-                     steps=steps, val_loss=entry["final"].get("val/loss"), eta_s=None, error=None)
-        print(f"{job.name} [{job.signature}]: {status.reused(source)}: MLflow run {run_id}, no training", flush=True)
-    return {"signature": job.signature, "status": status.REUSED, "reused_from": source, "run_id": run_id,
-            "final": entry["final"]}
+def _reuse(job: Job, run_dir, found) -> dict:
+    """Finished in another experiment with every evaluation asked for: its run there is copied into this
+    experiment (runs.copy_run) and the job is done here, without training or evaluating."""
+    from ..track import runs
+    source = found.experiment
+    run = runs.copy_run(found.run_id, job.experiment, job.signature, job.name, job.params(),
+                        {"ddl.sweep": job.experiment, "ddl.reused_from": source}, run_dir)
+    steps = job.run.train.steps
+    status.write(run_dir, state=status.REUSED, reused_from=source, name=job.name, label=job.label, run_id=run.id,
+                 step=steps, steps=steps, val_loss=found.final.get("val/loss"), eta_s=None, error=None)
+    print(f"{job.name} [{job.signature}]: {status.reused(source)}: MLflow run {run.id}, no training", flush=True)
+    return {"signature": job.signature, "status": status.REUSED, "reused_from": source, "run_id": run.id,
+            "final": found.final}
 
 
 def _set_up(job: Job, run_dir):
@@ -159,28 +198,48 @@ def _set_up(job: Job, run_dir):
         raise ConfigError(str(err)) from None
 
 
-def _open_run(job: Job, run_dir, launcher: str, resume_step: int) -> str:
-    """The job's MLflow run (reopened by signature when its curves end where training resumes) and its
-    status file."""
-    from ..track import store
+def _open_run(job: Job, run_dir, launcher: str, resume_step: int):
+    """The job's MLflow run (this home's, reopened by signature when its curves end where training resumes)
+    and its status file."""
+    from ..track import runs
     try:
-        run_id = store.open_run(job.experiment, job.signature, job.name, job.params(), _tags(job, launcher),
-                                resume_step)
+        run = runs.open_run(job.experiment, job.signature, job.name, job.params(), _tags(job, launcher), run_dir,
+                            resume_step)
     except ValueError as err:   # a deleted experiment
         raise ConfigError(str(err)) from None
-    status.write(run_dir, state="running", name=job.name, run_id=run_id, reused_from=None, error=None)
-    return run_id
+    status.write(run_dir, state="running", name=job.name, run_id=run.id, reused_from=None, error=None, note=None)
+    return run
 
 
-def _loggers(job: Job, run_dir, run_id: str | None, log_file):
+def _loggers(job: Job, run_dir, run, log_file):
     """The console's progress line and train.log's step lines on every rank; MLflow and the status file on
-    rank 0 (run_id is set there)."""
+    rank 0 (run is set there)."""
     from ..train import ConsoleLogger, MultiLogger
     loggers = [ProgressLogger(f"{job.name} [{job.signature}]", job.run.train.steps), ConsoleLogger(log_file)]
-    if run_id is not None:
-        from ..track import store
-        loggers += [store.MLflowLogger(run_id), status.StatusLogger(run_dir, job.run.train.steps)]
+    if run is not None:
+        from ..track.logger import MLflowLogger
+        train = job.run.train
+        loggers += [MLflowLogger(run, upload=train.checkpoint_artifact, total_steps=train.steps,
+                                 note=lambda text: _note(job, run_dir, text)),
+                    status.StatusLogger(run_dir, train.steps)]
     return MultiLogger(*loggers)
+
+
+def _note(job: Job, run_dir, text: str) -> None:
+    """What the store did meanwhile (an outage, its end): the status file's note, which the sweep's table
+    shows, and the job's log."""
+    status.write(run_dir, note=text)
+    print(f"{job.name} [{job.signature}]: {text}", flush=True)
+
+
+def _close_quietly(logger) -> None:
+    """Close the loggers of a run that is ending badly; a store that cannot take the rest is one line (the
+    journal in the run folder has every point)."""
+    try:
+        logger.close()
+    except Exception as err:
+        print(f"MLflow did not take the run's last points ({type(err).__name__}: {str(err).splitlines()[0]}); "
+              f"they are in the run folder's journal (ddl-track sync)", flush=True)
 
 
 class Outcome:
@@ -209,39 +268,34 @@ class Outcome:
         self.evaluated = job.evaluation.evaluations()
 
 
-def _record(job: Job, run_dir, run_id: str, result, outcome: Outcome, log_path) -> None:
-    """Rank 0: inherited curves, the evaluation, then the run closed FINISHED and the job marked done."""
-    import json
-
-    from ..track import store
-    if result.resumed_from:     # trained (partly) under another experiment's run
-        store.inherit_history(run_id, job.signature, result.resumed_from)
-    _log_dataset(run_id, result.extra["dataset"])
+def _record(job: Job, run_dir, run, result, outcome: Outcome, log_path) -> None:
+    """Rank 0: inherited curves, the evaluation, then the run closed FINISHED (which is what "done" is)."""
+    from ..track import runs, store
+    if result.resumed_from:     # trained (partly) under another run: another experiment's, another home's
+        runs.inherit_history(run, job.signature, result.resumed_from)
+    _log_dataset(run, result.extra["dataset"])
     if result.checkpoint:
-        store.client().set_tag(run_id, "ddl.checkpoint", result.checkpoint)
+        run.set_tags({"ddl.checkpoint": result.checkpoint})
     if job.evaluation.evaluations():
         outcome.add_evaluation(job, result)
     if outcome.eval_error:
-        store.client().set_tag(run_id, store.EVAL_ERROR_TAG, outcome.eval_error[:5000])
+        run.set_tags({store.EVAL_ERROR_TAG: outcome.eval_error[:5000]})
     outcome.texts["final_metrics.json"] = json.dumps(outcome.final, indent=1)
-    store.close_run(run_id, "FINISHED", metrics=outcome.summary, texts=outcome.texts, files=[log_path])
-    status.mark_done(run_dir, job.experiment, {"run_id": run_id, "final": outcome.final,
-                                               "evaluations": outcome.evaluated})
+    runs.close_run(run, "FINISHED", metrics=outcome.summary, texts=outcome.texts, files=[log_path])
     status.write(run_dir, state="finished", **{"val_loss": outcome.final.get("val/loss")})
 
 
-def _log_dataset(run_id: str, dataset_dir: str) -> None:
+def _log_dataset(run, dataset_dir: str) -> None:
     """The token dataset as the run's MLflow input: its name, a digest of its shards, its token counts."""
     import hashlib
 
     from ..data import open_dataset
-    from ..track import store
     manifest = open_dataset(dataset_dir).manifest
     splits = manifest["splits"]
     digest = hashlib.sha256(" ".join(shard["sha256"] for split in splits.values() for shard in split["shards"])
                             .encode()).hexdigest()[:16]
-    store.log_dataset(run_id, manifest["name"], digest, dataset_dir,
-                      {f"{split}_tokens": entry["tokens"] for split, entry in splits.items()})
+    run.log_dataset(manifest["name"], digest, json.dumps({"uri": dataset_dir}),
+                    json.dumps({f"{split}_tokens": entry["tokens"] for split, entry in splits.items()}))
 
 
 @contextlib.contextmanager
@@ -257,14 +311,18 @@ def _signals_held():
             signal.signal(sig, handler)
 
 
-def _close_interrupted(run_dir, run_id: str, err: BaseException, log_path) -> None:
+def _close_interrupted(run_dir, run, err: BaseException, log_path) -> None:
     """The run ends KILLED (a signal: Ctrl-C, SIGTERM) or FAILED with the error's first line."""
-    from ..track import store
+    from ..track import runs
     from ..train import Interrupted
     first_line = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}".rstrip(": ")
     state = "KILLED" if isinstance(err, (KeyboardInterrupt, SystemExit, Interrupted)) else "FAILED"
-    store.close_run(run_id, state, files=[log_path], error=first_line)
     status.write(run_dir, state=state.lower(), error=first_line)
+    try:
+        runs.close_run(run, state, files=[log_path], error=first_line)
+    except Exception as close_err:   # the store is down: the journal has the ending, `ddl-track sync` brings it
+        print(f"MLflow run {run.id} not closed ({type(close_err).__name__}); its end is in the run folder's "
+              f"journal", flush=True)
 
 
 def _evaluate(job: Job, trained) -> tuple[dict, str]:

@@ -100,19 +100,19 @@ class SweepLauncher(BaseSubmititLauncher):
         self.prepare_store({j.experiment for j in plan.jobs})
         skipped = plan.finished()
         reusable = plan.reusable(skipped)
-        elsewhere = {j.signature: holder for j in plan.jobs if j.signature not in skipped | reusable.keys()
-                     and (holder := status.holder(paths.runs_dir() / j.signature))}
+        elsewhere = plan.running_elsewhere(skipped | reusable.keys())
         todo = [j for j in plan.jobs if j.signature not in skipped | reusable.keys() | elsewhere.keys()]
         shown = [j for j in plan.jobs if j.signature in reusable or j in todo]     # in the live table
         os.environ.setdefault("DDL_CPUS", str(self.params.get("cpus_per_task") or 1))
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         with DeferredSignals((signal.SIGINT, signal.SIGTERM)) as stop:   # stop the jobs, then print the summary
-            outcomes = self.reuse_jobs([(j, *reusable[j.signature]) for j in plan.jobs if j.signature in reusable],
+            outcomes = self.reuse_jobs([(j, reusable[j.signature]) for j in plan.jobs if j.signature in reusable],
                                        stop)
             outcomes.update(self.run_jobs(todo, shown, initial_job_idx, stop) if shown else {})
         outcomes.update({sig: Result(status.ELSEWHERE, f"{who}; not started here") for sig, who in elsewhere.items()})
-        outcomes.update({sig: Result("skipped", f"finished before: MLflow run {entry['run_id']}")
-                         for sig, entry in skipped.items()})
+        outcomes.update({sig: Result("skipped", f"finished before: MLflow run {found.run_id}"
+                                     + (f", trained by {found.trained_by}" if found.trained_by else ""))
+                         for sig, found in skipped.items()})
         self.summarise(plan.jobs, outcomes, stop)
         return [outcomes[j.signature].job_return for j in todo]
 
@@ -127,21 +127,22 @@ class SweepLauncher(BaseSubmititLauncher):
             raise SweepFailed(f"{failed} of {plural(len(rows), 'job')} failed")
 
     @staticmethod
-    def reuse_jobs(reusable: list[tuple[Job, str, dict]], stop: DeferredSignals) -> dict[str, "Result"]:
-        """Jobs finished in another experiment, copied into theirs here, in this process: no job is launched."""
+    def reuse_jobs(reusable: list, stop: DeferredSignals) -> dict[str, "Result"]:
+        """Jobs finished in another experiment ((job, store.Stored) pairs), copied into theirs here, in this
+        process: no job is launched."""
         from .job import reuse
         outcomes = {}
-        for job, source, entry in reusable:
+        for job, found in reusable:
             if stop.received:
                 outcomes[job.signature] = Result("not started", "the sweep was stopped first")
                 continue
-            done = reuse(job, source, entry)
+            done = reuse(job, found)
             if done["status"] == status.ELSEWHERE:
                 outcomes[job.signature] = Result(status.ELSEWHERE, f"{done['detail']}; not reused here")
                 continue
             val_loss = done["final"].get("val/loss")
             outcomes[job.signature] = Result(status.REUSED, f"val/loss {val_loss:.4f}, MLflow run {done['run_id']}",
-                                             reused_from=source)
+                                             reused_from=found.experiment)
         return outcomes
 
     @staticmethod
@@ -210,7 +211,8 @@ class SweepLauncher(BaseSubmititLauncher):
             value = result.return_value or {}
             final = value.get("final")
             detail = f"val/loss {final.get('val/loss', float('nan')):.4f}" if final else value.get("detail", "")
-            return Result(value.get("status", "finished"), detail, result)
+            note = status.read(run_dir).get("note")        # what the store did meanwhile (an outage)
+            return Result(value.get("status", "finished"), f"{detail}; {note}" if note else detail, result)
         if error is None:
             error = result._return_value  # Hydra keeps the task's exception here
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]

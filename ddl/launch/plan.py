@@ -33,32 +33,45 @@ class Plan:
                      f"{' '.join(same[0])} == {' '.join(kept.overrides)})")
         return line
 
-    def finished(self) -> dict[str, dict]:
-        """signature -> its done.json entry, for the jobs already finished (with every evaluation
-        asked for) in their experiment."""
-        found = {j.signature: status.finished_in(paths.runs_dir() / j.signature, j.experiment,
-                                                 j.evaluation.evaluations()) for j in self.jobs}
-        return {signature: entry for signature, entry in found.items() if entry}
+    def finished(self, rebuild: bool = True) -> dict:
+        """signature -> its FINISHED run in the store (store.Stored), for the jobs already finished (with every
+        evaluation asked for) in their experiment, by any home; a run the store lost comes back from its
+        folder's journal (`rebuild`)."""
+        found = {j.signature: status.finished_in(paths.runs_dir() / j.signature, j.signature, j.experiment,
+                                                 j.evaluation.evaluations(), rebuild) for j in self.jobs}
+        return {signature: stored for signature, stored in found.items() if stored}
 
-    def reusable(self, finished: dict[str, dict]) -> dict[str, tuple[str, dict]]:
-        """signature -> (experiment, done.json entry) for the jobs not `finished` here that finished in
-        another experiment with every evaluation asked for: their runs are copied, nothing is launched."""
-        found = {j.signature: status.finished_elsewhere(paths.runs_dir() / j.signature, j.experiment,
-                                                        j.evaluation.evaluations())
+    def reusable(self, finished: dict) -> dict:
+        """signature -> the FINISHED run (store.Stored) of another experiment, for the jobs not `finished` here
+        that finished there with every evaluation asked for: their runs are copied, nothing is launched."""
+        from ..track import store
+        found = {j.signature: store.finished_elsewhere(j.signature, j.experiment, j.evaluation.evaluations())
                  for j in self.jobs if j.signature not in finished}
-        return {signature: entry for signature, entry in found.items() if entry}
+        return {signature: stored for signature, stored in found.items() if stored}
+
+    def running_elsewhere(self, exclude) -> dict[str, str]:
+        """signature -> who trains it now, for the jobs another process of this home (its lock) or another
+        home (a RUNNING run with a fresh heartbeat in the store) is training."""
+        from ..track import store
+        found = {}
+        for job in self.jobs:
+            if job.signature not in exclude:
+                who = status.holder(paths.runs_dir() / job.signature) or store.running_elsewhere(job.signature)
+                if who:
+                    found[job.signature] = who
+        return found
 
 
 def already_done(jobs: list[Job]) -> dict[str, str]:
-    """For a dry run, creating no store: signature -> `finished (skipped)` for the jobs finished in their
-    experiment, `reused (from experiment X)` for those another experiment finished."""
+    """For a dry run, creating no store and writing nothing: signature -> `finished (skipped)` for the jobs
+    finished in their experiment, `reused (from experiment X)` for those another experiment finished."""
     from ..track import store
     if not store.exists():
         return {}
     plan = Plan(list(jobs))
-    finished = plan.finished()
+    finished = plan.finished(rebuild=False)
     return {**{signature: "finished (skipped)" for signature in finished},
-            **{signature: status.reused(source) for signature, (source, _) in plan.reusable(finished).items()}}
+            **{signature: status.reused(found.experiment) for signature, found in plan.reusable(finished).items()}}
 
 
 def make_plan(configs: Iterable[tuple[list[str], DictConfig]]) -> Plan:

@@ -41,7 +41,7 @@ def import_reference(path: Path, variant: str, data: str, experiment: str, max_s
     """(signature, MLflow run id) of the imported checkpoint; ValueError naming what does not fit."""
     from ..data import DataConfig
     from ..model.reference import load_reference
-    from ..track import store
+    from ..track import runs
     from ..train import RunConfig, TrainConfig
     from ..train import checkpoint
     from .spec import row_name, run_params
@@ -61,9 +61,9 @@ def import_reference(path: Path, variant: str, data: str, experiment: str, max_s
     tags = {"ddl.imported_from": str(path.resolve()), "ddl.imported_sha256": digest, "ddl.launcher": "import",
             "ddl.tokenizer": data_cfg.tokenizer, "ddl.loss_unit": f"nats/token ({data_cfg.tokenizer})",
             "ddl.row": row_name(model.cfg), "ddl.sweep": experiment}
-    run_id = store.open_run(experiment, signature, f"{variant}-reference", params, tags)
-    store.close_run(run_id, "FINISHED")
-    return signature, run_id
+    run = runs.open_run(experiment, signature, f"{variant}-reference", params, tags, run_dir)
+    runs.close_run(run, "FINISHED")
+    return signature, run.id
 
 
 def main(argv: list[str] | None = None) -> int:

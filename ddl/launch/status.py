@@ -16,8 +16,8 @@ from pathlib import Path
 from .. import paths
 
 FILE = "status.json"
-DONE = "done.json"
 LOCK = "lock"
+DECISION = "decision"     # decision.<job>: rank 0's word to the other ranks of a multi-task job
 ELSEWHERE = "running elsewhere"
 REUSED = "reused"     # finished in another experiment: its run copied, nothing trained
 
@@ -86,47 +86,37 @@ def read(run_dir: Path) -> dict:
         return {}
 
 
-def _done(run_dir: Path) -> dict:
-    """done.json: experiment -> its entry ({run_id, final, evaluations[, reused_from]})."""
-    try:
-        return json.loads((run_dir / DONE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
+def finished_in(run_dir: Path, signature: str, experiment: str, evaluations=(), rebuild: bool = True):
+    """The signature's FINISHED run in this experiment with these evaluations ('task@shots'), as the store
+    holds it (store.Stored), whichever home trained it; else None (the job runs, and adds what is missing).
+    A store that lost the run (emptied, replaced) gets it back from the run folder's journal (`rebuild`;
+    a dry run only looks)."""
+    from ..track import runs, store
+    found = store.finished(signature, experiment, evaluations)
+    if found is None and runs.journal_holds_finished(run_dir, experiment, evaluations):
+        if not rebuild:
+            return store.Stored("(in its run folder's journal)", experiment, {}, None)
+        runs.rebuild(run_dir, experiment)
+        found = store.finished(signature, experiment, evaluations)
+    return found
 
 
-def _covers(entry: dict, evaluations) -> bool:
-    return set(evaluations) <= set(entry.get("evaluations", []))
+def announce(run_dir: Path, job_key: str | None, decision: str) -> None:
+    """Rank 0's decision for the other ranks of its job (key None: it has none): `train`, or why it leaves
+    the signature."""
+    if job_key is not None:
+        paths.write_atomic(run_dir / f"{DECISION}.{job_key}", decision)
 
 
-def finished_in(run_dir: Path, experiment: str, evaluations: list[str] = ()) -> dict | None:
-    """The done marker's entry for this experiment, if the job finished there with these
-    evaluations ('task@shots') among its own and the tracking store holds its run FINISHED; else
-    None (the job runs, and adds what is missing; a marker the store disagrees with is reported)."""
-    entry = _done(run_dir).get(experiment)
-    if entry is None or not _covers(entry, evaluations):
-        return None
-    from ..track import store
-    if not store.holds_finished(entry["run_id"], experiment):
-        print(f"{run_dir.name}: {DONE} says finished in '{experiment}' as MLflow run {entry['run_id']}, but the "
-              f"store ({paths.tracking_uri()}) does not hold that run FINISHED; running the job again", flush=True)
-        return None
-    return entry
-
-
-def finished_elsewhere(run_dir: Path, experiment: str, evaluations: list[str] = ()) -> tuple[str, dict] | None:
-    """(another experiment, its entry) where this signature finished with these evaluations and the
-    store holds its run FINISHED: the job's run there can be reused here without training or
-    evaluating. An experiment that trained the run is preferred to one that reused it."""
-    from ..track import store
-    entries = sorted(_done(run_dir).items(), key=lambda item: "reused_from" in item[1])
-    return next(((other, entry) for other, entry in entries if other != experiment and _covers(entry, evaluations)
-                 and store.holds_finished(entry["run_id"], other)), None)
-
-
-def mark_done(run_dir: Path, experiment: str, entry: dict) -> None:
-    done = _done(run_dir)
-    done[experiment] = entry
-    paths.write_atomic(run_dir / DONE, json.dumps(done, indent=1))
+def await_decision(run_dir: Path, job_key: str, timeout_s: float = 900) -> str:
+    """The other ranks wait for rank 0's decision (it may leave a signature claimed elsewhere, and they
+    must leave with it rather than wait for it in the process group)."""
+    path, deadline = run_dir / f"{DECISION}.{job_key}", time.monotonic() + timeout_s
+    while not path.is_file():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank 0 of job {job_key} decided nothing about {run_dir.name} in {timeout_s:.0f} s")
+        time.sleep(0.5)
+    return path.read_text()
 
 
 class Progress:

@@ -80,9 +80,12 @@ def _eta(seconds) -> str:
 
 
 def state_text(fields: dict, default: str = "queued") -> Text:
-    """A job's state as the tables show it: `reused (from experiment X)` for a reused one."""
+    """A job's state as the tables show it: `reused (from experiment X)` for a reused one, and what its
+    store did meanwhile (`running; MLflow unreachable ...`)."""
     state = fields.get("state", default)
     shown = status.reused(fields["reused_from"]) if state == status.REUSED and fields.get("reused_from") else state
+    if fields.get("note"):
+        shown += f"; {fields['note']}"
     return Text(shown, style=STYLES.get(state, ""))
 
 
@@ -95,6 +98,8 @@ def progress_line(name: str, fields: dict) -> str:
         parts.append(f"{fields['tokens_per_s']:,.0f} tok/s")
     if fields.get("eta_s") is not None:
         parts.append(f"ETA {_eta(fields['eta_s'])}")
+    if fields.get("note"):
+        parts.append(fields["note"])
     return f"{name}: {', '.join(parts)}"
 
 
@@ -137,6 +142,21 @@ def _cost_caption(costs, to_run: list[bool], slots: int, threads: int) -> str:
     return " ".join(caption)
 
 
+CHECKPOINT_BYTES_PER_PARAM = 12      # fp32 weights and AdamW's two moments
+
+
+def _checkpoint_caption(jobs, costs, to_run: list[bool]) -> str:
+    """What the jobs to run upload to the store: one checkpoint artifact each (train.checkpoint_artifact)."""
+    sizes = [cost.params * CHECKPOINT_BYTES_PER_PARAM for job, cost, run in zip(jobs, costs, to_run, strict=True)
+             if run and job.run.train.checkpoint_artifact != "none"]
+    if not sizes:
+        return ""
+    policies = sorted({job.run.train.checkpoint_artifact for job in jobs})
+    return (f"Checkpoint artifacts: ~{max(sizes) / 1e6:,.0f} MB per job, ~{sum(sizes) / 1e9:.3g} GB in all "
+            f"(train.checkpoint_artifact={','.join(policies)}: one per run, replaced at each upload; "
+            f"final uploads only the last, none nothing).")
+
+
 def job_table(jobs, gpus: int, slots: int, threads: int) -> _Printable:
     """The plan: each job's name, whether it is done already (finished here, or to be reused from another
     experiment), the overrides that tell it from the others, and its cost: GPU-hours on an H100 where
@@ -159,6 +179,7 @@ def job_table(jobs, gpus: int, slots: int, threads: int) -> _Printable:
     to_run = [job.signature not in done for job in jobs]
     caption = " ".join(filter(None, [f"Every job: {' '.join(shared)}." if shared and len(jobs) > 1 else "",
                                      _cost_caption(costs, to_run, slots, threads),
+                                     _checkpoint_caption(jobs, costs, to_run),
                                      f"{plural(len(jobs), 'job')}, {sum(to_run)} to run."]))
     title = "ddl-run: planned jobs (dry run, nothing launched)" + (f": {' '.join(shared)}" if len(jobs) == 1 and shared
                                                                     else "")
@@ -206,17 +227,17 @@ def _progress_lines(jobs, every_s: float):
     """refresh() for output that is not a terminal: a job's line when its state changes, and every
     `every_s` seconds while it runs."""
     started = time.monotonic()
-    shown = {job.signature: (status.read(paths.runs_dir() / job.signature).get("state", "queued"), started)
-             for job in jobs}      # signature -> (state, when) of its last line
+    shown = {job.signature: ((status.read(paths.runs_dir() / job.signature).get("state", "queued"), None), started)
+             for job in jobs}      # signature -> ((state, note), when) of its last line
 
     def refresh(_running_ids: dict[str, str]) -> None:
         now = time.monotonic()
         for job in jobs:
             s = status.read(paths.runs_dir() / job.signature)
-            state, (last_state, last) = s.get("state", "queued"), shown[job.signature]
-            if state != last_state or (state == "running" and now - last >= every_s):
+            state, (last_state, last) = (s.get("state", "queued"), s.get("note")), shown[job.signature]
+            if state != last_state or (state[0] == "running" and now - last >= every_s):
                 shown[job.signature] = (state, now)
-                line = progress_line(f"{job.name} [{job.signature}]", s) if state == "running" \
+                line = progress_line(f"{job.name} [{job.signature}]", s) if state[0] == "running" \
                     else f"{job.name} [{job.signature}]: {state_text(s)}"
                 print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
     return refresh

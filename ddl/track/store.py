@@ -1,8 +1,10 @@
-"""MLflow: one experiment per sweep, one run per job (found again by its signature tag).
+"""MLflow's store: the connection, and what it holds of a signature (finished, running elsewhere).
 
 The store is `ddl.paths.tracking_uri()`: the project's SQLite file (concurrency-safe for the
 local launcher's parallel jobs: SQLite serialises writers and MLflow retries on a busy file),
-or MLFLOW_TRACKING_URI for a team server. Artifacts go to DDL_HOME/mlartifacts/<experiment>.
+or MLFLOW_TRACKING_URI for a team server. The store is the source of truth of what is done: a
+signature FINISHED there (with the evaluations asked for) is never trained again, by any home.
+Writing runs is `ddl.track.runs`'s, which keeps each run's journal in its folder as well.
 """
 
 from __future__ import annotations
@@ -10,17 +12,24 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import tempfile
+import re
+import socket
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import NamedTuple
 
 from .. import paths
 
 SIGNATURE_TAG = "ddl.signature"
 ERROR_TAG, EVAL_ERROR_TAG = "ddl.error", "ddl.eval_error"
 REPLACES_TAG = "ddl.replaces"      # a run that took over the curves of a deleted one (open_run)
+REUSED_FROM_TAG = "ddl.reused_from"   # the experiment whose finished run this one copies (runs.copy_run)
+# Which home wrote a run (paths.home_id, and the home's host:path for people), and when it last said it was alive.
+HOME_ID_TAG, HOME_TAG, HEARTBEAT_TAG = "ddl.home_id", "ddl.home", "ddl.heartbeat"
+HEARTBEAT_S = 30          # a training run refreshes its heartbeat this often (with its metrics)
+STALE_AFTER_S = 180       # a RUNNING run silent this long is taken for dead (a killed job, a lost node)
 HISTORY_PREFIXES = ("train/", "val/", "beta/", "erank/")   # the per-step curves a run logs while training
 # Earlier MLflow 3 UIs open an experiment on its GenAI overview unless it is marked as model training;
 # 3.17's takes its workspace from the link instead (ddl.track.ui's carry it).
@@ -60,6 +69,15 @@ def check() -> None:
     try:
         MlflowClient(uri).search_experiments(max_results=1)
     except Exception as err:
+        code, user = getattr(err, "error_code", ""), os.environ.get("MLFLOW_TRACKING_USERNAME")
+        if code == "UNAUTHENTICATED":          # a basic-auth server; its password is never named
+            raise StoreError(f"{where}: the server did not accept MLFLOW_TRACKING_USERNAME={user} with its "
+                             f"MLFLOW_TRACKING_PASSWORD (HTTP 401); check both" if user else
+                             f"{where}: the server asks for a login (HTTP 401); set MLFLOW_TRACKING_USERNAME and "
+                             f"MLFLOW_TRACKING_PASSWORD") from None
+        if code == "PERMISSION_DENIED":
+            raise StoreError(f"{where}: MLFLOW_TRACKING_USERNAME={user} may not read the server's experiments "
+                             f"(HTTP 403); ask its admin for a permission") from None
         raise StoreError(f"{where}: not a usable MLflow store ({type(err).__name__}: {_first_line(err)})") from None
 
 
@@ -130,251 +148,105 @@ def experiment_id(name: str) -> str:
         return c.get_experiment_by_name(name).experiment_id
 
 
-def runs_with_signature(signature: str, experiment: str | None = None) -> list:
-    """The runs of this signature, newest first: in one experiment, or in all of them."""
+def is_signature(name: str) -> bool:
+    """A job's signature (a hash, `ref-<hash>` for an imported checkpoint), safe inside a search filter."""
+    return re.fullmatch(r"[0-9a-z-]{1,64}", name) is not None
+
+
+def runs_with_signature(signature: str, experiment: str | None = None, status: str | None = None) -> list:
+    """The active runs of this signature, newest first: in one experiment, or in all of them; `status`
+    (FINISHED, RUNNING) narrows them."""
+    if not is_signature(signature):
+        raise ValueError(f"signature={signature!r}: not a run signature (lowercase letters, digits, -)")
     c = client()
     if experiment is None:
         ids = [e.experiment_id for e in c.search_experiments()]
     else:
         found = c.get_experiment_by_name(experiment)
         ids = [found.experiment_id] if found is not None else []
-    return c.search_runs(ids, f"tags.`{SIGNATURE_TAG}` = '{signature}'",
-                         order_by=["attributes.start_time DESC"]) if ids else []
+    query = f"tags.`{SIGNATURE_TAG}` = '{signature}'" + (f" and attributes.status = '{status}'" if status else "")
+    return c.search_runs(ids, query, order_by=["attributes.start_time DESC"]) if ids else []
 
 
-def open_run(experiment: str, signature: str, run_name: str, params: dict, tags: dict, resume_step: int = 0) -> str:
-    """The job's run, for training that continues after `resume_step`: the newest of this signature in
-    the experiment, reopened (a resumed job continues it, a re-run adds evaluations) with fresh tags and
-    no stale error, when its curves end there. A run whose curves go further (logged after the
-    checkpoint a killed job resumes from, or by a run whose checkpoints are gone) is replaced: a new run
-    takes its curves up to `resume_step`, and the old one is deleted, so every step is logged once."""
-    from mlflow.entities import Param, RunTag
+def home_tags() -> dict[str, str]:
+    """The tags that say which home writes a run, and that it is alive now."""
+    return {HOME_ID_TAG: paths.home_id(), HOME_TAG: str(paths.home()), "ddl.host": socket.gethostname(),
+            HEARTBEAT_TAG: str(int(time.time()))}
+
+
+def is_own(run) -> bool:
+    """True for a run this home wrote. A run from before homes were tagged counts as the project store's own."""
+    owner = run.data.tags.get(HOME_ID_TAG)
+    return owner == paths.home_id() if owner else paths.tracking_uri() == paths.project_store_uri()
+
+
+class Stored(NamedTuple):
+    """A signature's finished run in the store: where it is and its final numbers (`final/<metric>`)."""
+    run_id: str
+    experiment: str
+    final: dict
+    reused_from: str | None
+    trained_by: str | None = None     # `host:home` of another home that wrote it (None: this home's)
+
+
+def evaluations_in(metric_keys) -> set[str]:
+    """The evaluations that metric keys hold, as 'task@shots', read off the `eval/<k>shot/<task>/n` keys."""
+    found = set()
+    for key in metric_keys:
+        parts = key.split("/")
+        if len(parts) == 4 and parts[0] == "eval" and parts[1].endswith("shot") and parts[3] == "n":
+            found.add(f"{parts[2]}@{parts[1].removesuffix('shot')}")
+    return found
+
+
+def evaluations_of(run) -> set[str]:
+    return evaluations_in(run.data.metrics)
+
+
+def _stored(run, experiment: str) -> Stored:
+    final = {k.removeprefix("final/"): v for k, v in run.data.metrics.items() if k.startswith("final/")}
+    final.update({k: v for k, v in run.data.metrics.items() if k.startswith("eval/")})
+    tags = run.data.tags
+    other = None if is_own(run) else f"{tags.get('ddl.host', 'unknown host')}:{tags.get(HOME_TAG, 'unknown home')}"
+    return Stored(run.info.run_id, experiment, final, tags.get(REUSED_FROM_TAG), other)
+
+
+def finished(signature: str, experiment: str, evaluations=()) -> Stored | None:
+    """The signature's newest FINISHED run in this experiment holding these evaluations ('task@shots'),
+    whichever home wrote it; None when there is none (the job runs, and adds what is missing)."""
+    for run in runs_with_signature(signature, experiment, "FINISHED"):
+        if set(evaluations) <= evaluations_of(run):
+            return _stored(run, experiment)
+    return None
+
+
+def finished_elsewhere(signature: str, experiment: str, evaluations=()) -> Stored | None:
+    """A FINISHED run of the signature in another experiment with these evaluations, which can be copied
+    here without training or evaluating; a run that trained is preferred to one that reused another."""
     c = client()
-    exp_id = experiment_id(experiment)
-    replaced = None
-    for run in runs_with_signature(signature, experiment)[:1]:
-        run_id = run.info.run_id
-        if last_logged_step(run) > resume_step:
-            replaced = run
-            break
-        c.update_run(run_id, status="RUNNING")
-        for stale in (ERROR_TAG, EVAL_ERROR_TAG):
-            if stale in run.data.tags:
-                c.delete_tag(run_id, stale)
-        c.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in {**tags, "ddl.resumed": "true"}.items()])
-        return run_id
-    run = c.create_run(exp_id, run_name=run_name, tags={SIGNATURE_TAG: signature, **tags})
-    items = [Param(k, str(v)) for k, v in params.items()]
-    for i in range(0, len(items), 100):
-        c.log_batch(run.info.run_id, params=items[i:i + 100])
-    if replaced is not None:
-        _copy_history(replaced, run.info.run_id, resume_step)
-        c.set_tag(run.info.run_id, REPLACES_TAG, replaced.info.run_id)
-        c.delete_run(replaced.info.run_id)
-        print(f"{run_name} [{signature}]: MLflow run {replaced.info.run_id} has steps past {resume_step}, where "
-              f"training continues; replaced by run {run.info.run_id} with its curves up to there", flush=True)
-    return run.info.run_id
+    names = {e.experiment_id: e.name for e in c.search_experiments()}
+    found = [run for run in runs_with_signature(signature, status="FINISHED")
+             if names.get(run.info.experiment_id) != experiment and set(evaluations) <= evaluations_of(run)]
+    found.sort(key=lambda run: REUSED_FROM_TAG in run.data.tags)
+    return _stored(found[0], names[found[0].info.experiment_id]) if found else None
 
 
-def last_logged_step(run) -> int:
-    """The last step of the run's training curves (0 when it has none)."""
-    c = client()
-    steps = [m.step for key in run.data.metrics if key.startswith(HISTORY_PREFIXES)
-             for m in c.get_metric_history(run.info.run_id, key)]
-    return max(steps, default=0)
+def running_elsewhere(signature: str, besides=None) -> str | None:
+    """`host, home` of another home training this signature now (RUNNING, heartbeat fresh), or None.
+    With `besides` (this job's own new run), only a rival that started first counts: of two homes that
+    start one signature together, the later one leaves it."""
+    now = time.time()
+    for run in runs_with_signature(signature, status="RUNNING"):
+        tags = run.data.tags
+        if is_own(run) or now - float(tags.get(HEARTBEAT_TAG) or 0) > STALE_AFTER_S:
+            continue
+        if besides is not None and (run.info.start_time, run.info.run_id) >= (besides.info.start_time,
+                                                                              besides.info.run_id):
+            continue
+        return f"{tags.get('ddl.host', 'unknown host')}, {tags.get(HOME_TAG, 'unknown home')}"
+    return None
 
 
-def holds_finished(run_id: str, experiment: str) -> bool:
-    """True when the store holds this run, FINISHED and not deleted, in this experiment."""
-    from mlflow.exceptions import MlflowException
-    c = client()
-    try:
-        run = c.get_run(run_id)
-    except MlflowException:
-        return False
-    return (run.info.status == "FINISHED" and run.info.lifecycle_stage == "active"
-            and c.get_experiment(run.info.experiment_id).name == experiment)
-
-
-def _copy_history(source, run_id: str, up_to_step: int) -> None:
-    """The source run's training curves up to `up_to_step`, logged into run_id."""
-    c = client()
-    history = [m for key in source.data.metrics if key.startswith(HISTORY_PREFIXES)
-               for m in c.get_metric_history(source.info.run_id, key) if m.step <= up_to_step]
-    for i in range(0, len(history), 1000):
-        c.log_batch(run_id, metrics=history[i:i + 1000])
-
-
-def inherit_history(run_id: str, signature: str, up_to_step: int) -> str | None:
-    """Copy the curves up to `up_to_step` into a run that resumed from a checkpoint written under
-    another MLflow run (the same signature in another experiment, whose training it reuses).
-    Returns the source run's id, or None when the run has those steps already or no source does."""
-    c = client()
-    if any(m.step <= up_to_step for m in c.get_metric_history(run_id, "train/loss")):
-        return None
-    sources = [(len([m for m in c.get_metric_history(r.info.run_id, "train/loss") if m.step <= up_to_step]), r)
-               for r in runs_with_signature(signature) if r.info.run_id != run_id]
-    count, source = max(sources, key=lambda pair: pair[0], default=(0, None))
-    if not count:
-        return None
-    _copy_history(source, run_id, up_to_step)
-    c.set_tag(run_id, "ddl.history_from", source.info.run_id)
-    return source.info.run_id
-
-
-REUSE_SKIPS_TAGS = (ERROR_TAG, EVAL_ERROR_TAG, REPLACES_TAG, "ddl.resumed", "ddl.sweep")
-
-
-def copy_run(source_id: str, experiment: str, signature: str, run_name: str, params: dict, tags: dict) -> str:
-    """A FINISHED run in `experiment` that is the source run (a finished run of the same signature in
-    another experiment) again, without training or evaluating: its curves, summary metrics, dataset
-    input, artifacts, and the tags that say how it was trained (commit, host, checkpoint), with
-    `ddl.history_from` naming the run that trained it. The experiment's own run of the signature is
-    reopened when it has one."""
-    from mlflow.entities import Metric
-    c = client()
-    source = c.get_run(source_id)
-    kept = {k: v for k, v in source.data.tags.items()
-            if k.startswith(("ddl.", "mlflow.source.")) and k not in REUSE_SKIPS_TAGS}
-    trained_by = source.data.tags.get("ddl.history_from", source_id)
-    up_to = last_logged_step(source)
-    run_id = open_run(experiment, signature, run_name, params, {**kept, **tags, "ddl.history_from": trained_by}, up_to)
-    if not c.get_metric_history(run_id, "train/loss"):
-        _copy_history(source, run_id, up_to)
-    now = int(time.time() * 1000)
-    summary = [Metric(k, v, now, 0) for k, v in source.data.metrics.items()
-               if not k.startswith((*HISTORY_PREFIXES, "system/"))]
-    for i in range(0, len(summary), 1000):
-        c.log_batch(run_id, metrics=summary[i:i + 1000])
-    if source.inputs and source.inputs.dataset_inputs:
-        c.log_inputs(run_id, datasets=source.inputs.dataset_inputs)
-    with tempfile.TemporaryDirectory() as tmp, _quiet_downloads():
-        if c.list_artifacts(source_id):
-            c.log_artifacts(run_id, c.download_artifacts(source_id, "", tmp))
-    c.set_terminated(run_id, status="FINISHED")
-    return run_id
-
-
-@contextlib.contextmanager
-def _quiet_downloads():
-    """No progress bar from MLflow's artifact download: a sweep's console shows its own table."""
-    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
-    before = os.environ.get(key)
-    os.environ[key] = "false"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = before
-
-
-def log_dataset(run_id: str, name: str, digest: str, path: str, profile: dict) -> None:
-    """The run's training data as an MLflow dataset input (the runs table's Dataset column)."""
-    import json
-
-    from mlflow.entities import Dataset, DatasetInput, InputTag
-    dataset = Dataset(name=name, digest=digest, source_type="local", source=json.dumps({"uri": path}),
-                      profile=json.dumps(profile))
-    client().log_inputs(run_id, datasets=[DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training")])])
-
-
-def system_metrics_monitor(run_id: str):
-    """MLflow's own system metrics (CPU, memory, disk, network; GPU where its library finds one) for the
-    run while it trains: a started monitor to finish(), or None where psutil is missing."""
-    try:
-        import psutil  # noqa: F401 - MLflow's monitors need it
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-    except ImportError:
-        return None
-    import logging
-    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)     # no start/stop lines per job
-    monitor = SystemMetricsMonitor(run_id, resume_logging=True, tracking_uri=paths.tracking_uri())
-    monitor.start()
-    return monitor
-
-
-class MLflowLogger:
-    """The trainer's MetricLogger: metrics buffered and written in batches (log_batch) by MLflow's
-    async logging thread, so the training loop hands a batch over at most once every `flush_s`
-    seconds and waits only if the previous batch is still being written. flush() (before each
-    checkpoint) and close() wait for the last one and raise what a write raised."""
-
-    def __init__(self, run_id: str, flush_s: float = 5.0, max_buffer: int = 900):
-        self.run_id, self.flush_s, self.max_buffer = run_id, flush_s, max_buffer
-        self._buffer: list = []
-        self._writing: list = []                      # RunOperations of the batches in flight
-        self._last_flush = time.monotonic()
-        self._client = client()
-        self._system = system_metrics_monitor(run_id)
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
-        now = int(time.time() * 1000)
-        self._buffer.extend(Metric(k, float(v), now, step) for k, v in metrics.items())
-        if len(self._buffer) >= self.max_buffer or time.monotonic() - self._last_flush > self.flush_s:
-            self._hand_over()
-
-    def _hand_over(self) -> None:
-        self._wait()
-        self._writing = [self._client.log_batch(self.run_id, metrics=self._buffer[i:i + 1000], synchronous=False)
-                         for i in range(0, len(self._buffer), 1000)]   # MLflow takes 1000 metrics a call
-        self._buffer = []
-        self._last_flush = time.monotonic()
-
-    def _wait(self) -> None:
-        writing, self._writing = self._writing, []
-        for operation in writing:
-            operation.wait()
-
-    def flush(self) -> None:
-        """Every metric logged so far is in the store when this returns."""
-        self._hand_over()
-        self._wait()
-
-    def close(self) -> None:
-        self.flush()
-        if self._system is not None:
-            self._system.finish()
-            samples = self._system.aggregate_metrics()   # taken since it last logged: all of a short run's
-            if samples:
-                self._system.publish_metrics(samples)
-                self._system.mlflow_logger.flush()
-            self._system = None
-
-
-def close_run(run_id: str, status: str, *, metrics: dict[str, float] | None = None,
-              texts: dict[str, str] | None = None, files: list[Path] | None = None, error: str | None = None) -> None:
-    """End the run FINISHED / FAILED / KILLED with its summary metrics, artifacts and error line."""
-    c = client()
-    if metrics:
-        from mlflow.entities import Metric
-        now = int(time.time() * 1000)
-        c.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, text in (texts or {}).items():
-            (Path(tmp) / name).write_text(text)
-            c.log_artifact(run_id, str(Path(tmp) / name))
-    for path in files or []:
-        if Path(path).is_file():
-            c.log_artifact(run_id, str(path))
-    if error:
-        c.set_tag(run_id, ERROR_TAG, error[:5000])
-    c.set_terminated(run_id, status=status)
-
-
-
-def log_evaluation(signature: str, scores: dict[str, float], results_json: str) -> list[str]:
-    """Attach a later evaluation (ddl-eval) to every run of this signature, in any experiment."""
-    from mlflow.entities import Metric
-    c = client()
-    runs = runs_with_signature(signature)
-    now = int(time.time() * 1000)
-    for run in runs:
-        c.log_batch(run.info.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in scores.items()])
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "eval_results.json"
-            path.write_text(results_json)
-            c.log_artifact(run.info.run_id, str(path))
-    return [run.info.run_id for run in runs]
+def redacted(uri: str) -> str:
+    """A URI fit to print: a password in it is replaced by ***."""
+    return re.sub(r"(://[^/:@]*:)[^/@]*@", r"\1***@", uri)

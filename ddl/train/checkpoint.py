@@ -98,14 +98,18 @@ def save(run_dir: Path, state: dict, keep: int) -> Path:
     """Write step_<n>.pt (with its checksum) via temp file, fsync and rename, then drop all but the
     newest `keep`: the older ones go only once the new one is on disk (a node crash leaves a whole
     checkpoint)."""
-    directory = checkpoint_dir(run_dir)
+    path = path_for(run_dir, state["step"])
+    directory = path.parent
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"step_{state['step']:08d}.pt"
     signed = {**state, CHECKSUM: digest(state)}
     paths.write_atomic(path, lambda f: _torch_save(signed, f), durable=True)
     for old in sorted(directory.glob(PATTERN))[:-keep]:
         old.unlink()
     return path
+
+
+def path_for(run_dir: Path, step: int) -> Path:
+    return checkpoint_dir(run_dir) / f"step_{step:08d}.pt"
 
 
 def latest(run_dir: Path) -> Path | None:

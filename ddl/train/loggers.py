@@ -11,6 +11,7 @@ class MetricLogger(Protocol):
     def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
     def flush(self) -> None: ...   # what was logged is stored when this returns (called before each checkpoint)
     def close(self) -> None: ...
+    # Optional: `checkpoint_saved(path, step)`, told of each checkpoint written (rank 0; MultiLogger passes it on).
 
 
 class ConsoleLogger:
@@ -57,6 +58,11 @@ class MultiLogger:
     def flush(self) -> None:
         for logger in self.loggers:
             logger.flush()
+
+    def checkpoint_saved(self, path: Path, step: int) -> None:
+        for logger in self.loggers:
+            if hasattr(logger, "checkpoint_saved"):
+                logger.checkpoint_saved(path, step)
 
     def close(self) -> None:
         for logger in self.loggers:

@@ -196,7 +196,10 @@ class Trainer:
         if not self.info.is_main:
             return None
         self.logger.flush()
-        return checkpoint.save(self.run_dir, self.checkpoint_state(at_step, loader_state), self.cfg.keep_checkpoints)
+        path = checkpoint.save(self.run_dir, self.checkpoint_state(at_step, loader_state), self.cfg.keep_checkpoints)
+        if hasattr(self.logger, "checkpoint_saved"):
+            self.logger.checkpoint_saved(path, at_step)
+        return path
 
     # -- one step, validation -----------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
