@@ -3,9 +3,13 @@
 import json
 import math
 import os
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -13,7 +17,7 @@ import pytest
 from ddl.track import journal as journal_module
 from ddl.track import sync
 from ddl.track.journal import Journal, JournalDamaged
-from tests.conftest import run_cli
+from tests.conftest import VENV_BIN, run_cli
 
 
 def _write_run(journal: Journal, uid: str = "a" * 32, steps: int = 3) -> None:
@@ -256,3 +260,74 @@ def test_a_damaged_journal_is_one_line_and_the_others_sync(ddl_home, capsys):
                                 f"(changed after it was written); its runs are not synced"]
     assert out.strip().endswith("1 run created, 0 updated, 0 up to date, 0 conflicts; "
                                                       "10 points and 2 artifacts added")
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """`mlflow server` on a free 127.0.0.1 port, SQLite behind it and its artifacts served through it;
+    stopped by its own process group (the server and its uvicorn workers)."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [str(VENV_BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--serve-artifacts",
+         "--artifacts-destination", str(tmp_path / "server-artifacts")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            assert server.poll() is None, "mlflow server exited"
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=2).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        yield base
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_sync_to_a_server_and_back(ddl_home, mlflow_server, capsys, monkeypatch):
+    """A laptop's runs to a team server (its password, in the environment, never printed), a second sync adding
+    nothing, and from the folders back into the laptop's emptied store: the same runs in both."""
+    histories = {uid: _journal_a_run(ddl_home, sig, uid, shift).runs()[uid]
+                 for sig, uid, shift in (("sig1", "1" * 32, 0.0), ("sig2", "2" * 32, 1.0))}
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "ddl")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "s3cret-in-env")
+    outputs = []
+    for argv in (["sync", "--to", mlflow_server], ["sync", "--to", mlflow_server], ["sync"]):
+        assert sync.main(argv) == 0, capsys.readouterr()
+        outputs.append("".join(capsys.readouterr()))
+    assert f"into {mlflow_server}: 2 runs created" in outputs[0] and not any("s3cret" in text for text in outputs)
+    assert outputs[1].endswith("2 up to date, 0 conflicts; nothing added\n"), outputs[1]
+    assert f"into {store_uri(ddl_home)}: 2 runs created" in outputs[2], outputs[2]   # the laptop's store was empty
+    from mlflow.tracking import MlflowClient
+    for client in (MlflowClient(mlflow_server), MlflowClient(store_uri(ddl_home))):
+        runs = _runs_by_origin(client)
+        assert sorted(runs) == sorted(histories)
+        for uid, history in histories.items():
+            _assert_holds(client, runs[uid], history)
+
+
+@pytest.mark.parametrize("target, allowed", [
+    ("http://ddl:s3cret@127.0.0.1:{port}", "no MLflow server answers"),
+    ("ftp://ddl:s3cret@host/x", "not an MLflow tracking URI; allowed: sqlite:///<path>"),
+])
+def test_a_target_that_cannot_be_used_is_one_line_without_its_password(ddl_home, capsys, monkeypatch, target, allowed):
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "s3cret-too")
+    _journal_a_run(ddl_home, "sig1", "1" * 32)
+    assert sync.main(["sync", "--to", target.format(port=_free_port())]) == 2
+    out, err = capsys.readouterr()
+    assert not out and len(err.splitlines()) == 1 and allowed in err and "ddl:***@" in err and "s3cret" not in err
+    assert not (ddl_home / "mlflow.db").exists()
