@@ -2,11 +2,18 @@
 run, which must write nothing and work where DDL_HOME and the working directory are read-only."""
 
 import ast
+import shutil
+import subprocess
 from pathlib import Path
 
-from tests.conftest import ROOT
+import pytest
+
+from tests.conftest import ROOT, VENV_BIN, run_cli
 
 PACKAGE = ROOT / "ddl"
+# Run a command ("$2"...) with the folder "$1" mounted read-only, in a mount namespace of its own: permission
+# bits do not stop root (the suite's user), a read-only mount does, and it ends with the command.
+READ_ONLY = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
 
 
 def _modules() -> dict[str, Path]:
@@ -71,3 +78,62 @@ def test_the_circle_check_sees_a_lazy_import_and_finds_a_circle(tmp_path):
     assert _imported("pkg.a", modules["pkg.a"], modules) == {"pkg.b", "pkg.c", "pkg.d"}
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def _hydras_own_help(overrides: list[str]) -> str:
+    """The page Hydra's own `--help` prints for ddl-run's config (in this process)."""
+    import contextlib
+    import io
+
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path, get_args_parser
+
+    from ddl.launch.configs import conf_dir
+    hydra = Hydra.create_main_hydra2(task_name="cli", config_search_path=create_config_search_path(str(conf_dir())))
+    page = io.StringIO()
+    with contextlib.redirect_stdout(page):
+        hydra.app_help("config", get_args_parser(), get_args_parser().parse_args(["--help", *overrides]))
+    return page.getvalue()
+
+
+@pytest.mark.parametrize("overrides", [[], ["model=micro", "+sweep=smoke", "dv=4"]])
+def test_ddl_run_help_prints_hydras_page(ddl_home, tmp_path, overrides):
+    """ddl-run lists the config groups itself (Hydra's --help takes most of its time copying its config
+    repository, once per group): the page is Hydra's own, to the character, and nothing is written."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from ddl.launch.configs import register
+    register()
+    try:
+        expected = _hydras_own_help(overrides)
+    finally:
+        GlobalHydra.instance().clear()
+    out = run_cli("ddl-run", *overrides, "--help", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    listing = out.stdout.split("== Groups")[1].split("== Config")[0].splitlines()[1:]
+    groups = dict(line.split(": ", 1) for line in listing if ": " in line)
+    assert out.stdout == expected and {"smoke", "paper_small"} <= set(groups["sweep"].split(", "))  # ConfigStore's
+    assert "micro" in groups["model"].split(", ") and not list(tmp_path.iterdir()) and not ddl_home.exists()
+
+
+def _read_only(folder: Path, *command: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["unshare", "--mount", "sh", "-c", READ_ONLY, "sh", str(folder), *command], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_dry_run_writes_nothing_and_works_where_ddl_home_and_the_working_directory_are_read_only(ddl_home,
+                                                                                                  tmp_path):
+    root, cwd = tmp_path / "read-only", tmp_path / "read-only" / "cwd"
+    cwd.mkdir(parents=True)
+    if shutil.which("unshare") is None or _read_only(root, "true", cwd=tmp_path).returncode:
+        pytest.skip("no read-only bind mount here (needs root and unshare)")
+    refused = _read_only(root, "touch", str(cwd / "probe"), cwd=tmp_path)
+    assert refused.returncode and "Read-only file system" in refused.stderr
+    ddl_run = str(VENV_BIN / "ddl-run")
+    for home, args in ((root / "home", ["--dry-run"]), (cwd, ["-m", "+sweep=smoke", "--dry-run"])):
+        out = _read_only(root, "env", f"DDL_HOME={home}", ddl_run, *args, cwd=cwd)
+        assert out.returncode == 0 and "to run" in out.stdout, out.stderr[-2000:]
+    assert [p.name for p in root.rglob("*")] == ["cwd"]
+    writable = run_cli("ddl-run", "-m", "+sweep=smoke", "--dry-run", cwd=cwd)   # DDL_HOME: ddl_home, not made
+    assert writable.returncode == 0 and "to run" in writable.stdout and not ddl_home.exists()
+    assert [p.name for p in root.rglob("*")] == ["cwd"]
