@@ -3,13 +3,10 @@
 import json
 import math
 import os
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,7 +14,7 @@ import pytest
 from ddl.track import journal as journal_module
 from ddl.track import sync
 from ddl.track.journal import Journal, JournalDamaged
-from tests.conftest import VENV_BIN, run_cli
+from tests.conftest import run_cli
 
 
 def _write_run(journal: Journal, uid: str = "a" * 32, steps: int = 3) -> None:
@@ -117,13 +114,14 @@ def test_two_processes_appending_keep_whole_lines(tmp_path):
 
 # ddl-track sync: journals written as a run writes them, synced into real stores.
 
-def _journal_a_run(home, signature: str, uid: str, shift: float = 0.0, status: str = "FINISHED"):
+def _journal_a_run(home, signature: str, uid: str, shift: float = 0.0, status: str = "FINISHED",
+                   experiment: str = "sync"):
     """A run folder as a job leaves it: the run opened (params, tags), curves in batches (one point sent
     twice, a NaN), a summary at step 0, its dataset, artifacts kept in the folder (a config, a checkpoint
     logged under another name), a stale tag deleted, the run ended. Returns its Journal."""
     run_dir = home / "runs" / signature
     journal = Journal(run_dir)
-    journal.append("run", uid, experiment="sync", name=f"{signature}-s0", start_time=1_700_000_000_000, home="h1")
+    journal.append("run", uid, experiment=experiment, name=f"{signature}-s0", start_time=1_700_000_000_000, home="h1")
     journal.append("tags", uid, tags={"ddl.signature": signature, "ddl.sweep": "sync", "ddl.error": "stale"})
     journal.append("params", uid, params={"model.dv": "1", "train.steps": "4", "train.seed": "0"})
     for first in (1, 3):
@@ -167,9 +165,9 @@ def _assert_holds(client, run, history):
         assert journal_module.file_sha256(Path(local)) == artifact["sha256"], path
 
 
-def _runs_by_origin(client):
-    """The store's active runs, by the journal uid they rebuild (their own id where they are the original)."""
-    runs = [run for e in client.search_experiments() for run in client.search_runs([e.experiment_id])]
+def _runs_by_origin(client, experiment="sync"):
+    """The experiment's active runs, by the journal uid they rebuild (their own id where they are the original)."""
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
     return {run.data.tags.get(sync.ORIGIN_TAG, run.info.run_id): run for run in runs}
 
 
@@ -262,35 +260,6 @@ def test_a_damaged_journal_is_one_line_and_the_others_sync(ddl_home, capsys):
                                                       "10 points and 2 artifacts added")
 
 
-@pytest.fixture
-def mlflow_server(tmp_path):
-    """`mlflow server` on a free 127.0.0.1 port, SQLite behind it and its artifacts served through it;
-    stopped by its own process group (the server and its uvicorn workers)."""
-    port = _free_port()
-    server = subprocess.Popen(
-        [str(VENV_BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--serve-artifacts",
-         "--artifacts-destination", str(tmp_path / "server-artifacts")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):
-            assert server.poll() is None, "mlflow server exited"
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2).close()
-                break
-            except OSError:
-                time.sleep(0.5)
-        yield base
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -298,23 +267,24 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_sync_to_a_server_and_back(ddl_home, mlflow_server, capsys, monkeypatch):
-    """A laptop's runs to a team server (its password, in the environment, never printed), a second sync adding
+def test_sync_to_a_server_and_back(ddl_home, team_server, capsys, monkeypatch):
+    """A laptop's runs to the team server (its password, in the environment, never printed), a second sync adding
     nothing, and from the folders back into the laptop's emptied store: the same runs in both."""
-    histories = {uid: _journal_a_run(ddl_home, sig, uid, shift).runs()[uid]
+    server = team_server.uri
+    histories = {uid: _journal_a_run(ddl_home, sig, uid, shift, experiment="sync-team").runs()[uid]
                  for sig, uid, shift in (("sig1", "1" * 32, 0.0), ("sig2", "2" * 32, 1.0))}
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "ddl")
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "s3cret-in-env")
     outputs = []
-    for argv in (["sync", "--to", mlflow_server], ["sync", "--to", mlflow_server], ["sync"]):
+    for argv in (["sync", "--to", server], ["sync", "--to", server], ["sync"]):
         assert sync.main(argv) == 0, capsys.readouterr()
         outputs.append("".join(capsys.readouterr()))
-    assert f"into {mlflow_server}: 2 runs created" in outputs[0] and not any("s3cret" in text for text in outputs)
+    assert f"into {server}: 2 runs created" in outputs[0] and not any("s3cret" in text for text in outputs)
     assert outputs[1].endswith("2 up to date, 0 conflicts; nothing added\n"), outputs[1]
     assert f"into {store_uri(ddl_home)}: 2 runs created" in outputs[2], outputs[2]   # the laptop's store was empty
     from mlflow.tracking import MlflowClient
-    for client in (MlflowClient(mlflow_server), MlflowClient(store_uri(ddl_home))):
-        runs = _runs_by_origin(client)
+    for client in (MlflowClient(server), MlflowClient(store_uri(ddl_home))):
+        runs = _runs_by_origin(client, "sync-team")
         assert sorted(runs) == sorted(histories)
         for uid, history in histories.items():
             _assert_holds(client, runs[uid], history)
