@@ -31,7 +31,6 @@ from . import status
 from .configs import ConfigError
 from .plan import Plan, make_plan
 from .spec import Job
-from .table import job_table, live_table, progress_seconds, summary_table
 
 
 class Result(NamedTuple):
@@ -87,6 +86,7 @@ class SweepLauncher(BaseSubmititLauncher):
         return n_jobs
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from .table import job_table, progress_seconds   # rich: not for every ddl-run (Hydra imports launchers)
         for key, value in self.params.items():   # each one may become a line of a job script
             if isinstance(value, str) and not value.isprintable():
                 raise ConfigError(f"hydra.launcher.{key}={value!r}: must be printable, on one line")
@@ -118,6 +118,7 @@ class SweepLauncher(BaseSubmititLauncher):
 
     @staticmethod
     def summarise(jobs: list[Job], outcomes: dict[str, "Result"], stop: DeferredSignals) -> None:
+        from .table import summary_table
         rows = [(j, *outcomes[j.signature][:2], outcomes[j.signature].reused_from) for j in jobs]
         summary_table(rows).print()
         if stop.received:
@@ -159,6 +160,7 @@ class SweepLauncher(BaseSubmititLauncher):
         """Submit the jobs (at most `limit` at once) and wait for them, the `shown` ones in the live table.
         On a stop request nothing more is submitted, and local jobs get SIGTERM (they checkpoint and end
         KILLED); cluster jobs go on."""
+        from .table import live_table
         executor = self.executor() if jobs else None
         pending = list(enumerate(jobs, start=first_idx))
         running: dict[str, Any] = {}

@@ -3,7 +3,7 @@
 It says it is starting at once, serves on MLflow's usual port 5000 (or the next free one, named),
 and runs MLflow's server without its job-execution workers (a browse-only UI never uses them; they
 made it take most of a minute to start). The server dies with ddl-ui, however ddl-ui ends: Ctrl-C and
-SIGTERM stop it; on a SIGKILL the kernel sends `mlflow server` SIGTERM (PR_SET_PDEATHSIG) and a watchdog
+SIGTERM stop it; on a SIGKILL the kernel sends `mlflow server` SIGTERM (PR_SET_PDEATHSIG, Linux) and a watchdog
 ends its whole process group (the uvicorn it runs included). The printed links open MLflow 3's model-training
 workspace (Runs, Models, Model registry in the sidebar): its UI picks the workspace from the URL's
 `workflowType`, else from what the browser last chose, and a fresh browser gets the GenAI one.
@@ -68,7 +68,7 @@ def start(host: str = "127.0.0.1", port: int | None = None, timeout_s: float = 9
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", paths.tracking_uri(),
          "--default-artifact-root", paths.artifacts_dir().as_uri(), "--host", host, "--port", str(port),
          "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, **SERVER_ENV}, preexec_fn=_die_with_parent,
+        env={**os.environ, **SERVER_ENV}, preexec_fn=_die_with_parent if _prctl else None,
         start_new_session=True)   # its own process group: stop() ends the server and its workers together
     server = Server(process, _start_watchdog(process.pid), f"http://{host}:{port}")
     try:
@@ -110,7 +110,7 @@ def stop(server: Server, timeout_s: float = 10) -> None:
     server.watchdog.wait()
 
 
-_prctl = ctypes.CDLL(None, use_errno=True).prctl     # resolved here: the forked child only calls it
+_prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)   # Linux's; resolved before any fork
 
 
 def _die_with_parent() -> None:
