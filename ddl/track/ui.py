@@ -3,10 +3,11 @@
 It says it is starting at once, serves on MLflow's usual port 5000 (or the next free one, named),
 and runs MLflow's server without its job-execution workers (a browse-only UI never uses them; they
 made it take most of a minute to start). The server dies with ddl-ui, however ddl-ui ends: Ctrl-C and
-SIGTERM stop it; on a SIGKILL the kernel sends `mlflow server` SIGTERM (PR_SET_PDEATHSIG, Linux) and a watchdog
-ends its whole process group (the uvicorn it runs included). The printed links open MLflow 3's model-training
-workspace (Runs, Models, Model registry in the sidebar): its UI picks the workspace from the URL's
-`workflowType`, else from what the browser last chose, and a fresh browser gets the GenAI one.
+SIGTERM stop it; on a SIGKILL the kernel sends `mlflow server` SIGTERM (PR_SET_PDEATHSIG, Linux) and
+a watchdog ends its whole process group (the uvicorn it runs included). The printed links open MLflow
+3's model-training workspace (Runs, Models, Model registry in the sidebar): its UI picks the workspace
+from the URL's `workflowType`, else from what the browser last chose, and a fresh browser gets the
+GenAI one.
 """
 
 from __future__ import annotations
