@@ -1,5 +1,6 @@
 """`reports/<experiment>/`: every table as .md/.tex/.csv, Figure 2 and the Delta diagnostics by layer
-as PNG/SVG, one index.html.
+as PNG/SVG, with runs of two sizes or more the view across sizes (scaling.md/.csv, scaling_gap and
+scaling_loss as PNG/SVG), one index.html.
 
 Reads MLflow only (through ddl.track.query). Written into a temporary sibling directory and
 swapped into place, so a reader never sees half a report.
@@ -18,9 +19,11 @@ import pandas as pd
 from ..validation import safe_name
 from . import render
 from .figures import layer_diagnostics, loss_curves
+from .scaling import CrossSize, cross_size
+from .scaling_figures import gap_figure, loss_figure
 from .tables import Table, accuracy_table, deltaproduct_table, evaluated, loss_table, variant_rows
 
-SIZE_ORDER = ["small", "medium", "tiny", "micro"]
+SIZE_ORDER = ["small", "medium", "large", "mini", "tiny", "micro"]
 
 
 @dataclass
@@ -30,6 +33,7 @@ class Report:
     tables: list[Table]
     runs: pd.DataFrame
     unit: str
+    across: CrossSize | None = None   # the view across sizes, with finished runs of two sizes or more
 
 
 def _sizes(runs: pd.DataFrame) -> list[str]:
@@ -56,15 +60,18 @@ def build(experiment: str, runs: pd.DataFrame, histories: pd.DataFrame, out_root
     for size in sizes:
         drawn = loss_curves(runs, histories, size, unit, staging) + layer_diagnostics(runs, size, staging)
         figures += [f for f in drawn if f.endswith(".png")]
+    view = cross_size(runs, tables[0], sizes, unit)
+    across = _across_sizes(view, staging)
     for table in tables:
         (staging / f"{table.name}.md").write_text(render.markdown(table))
         (staging / f"{table.name}.tex").write_text(render.latex(table))
         (staging / f"{table.name}.csv").write_text(render.csv_text(table))
     counts = runs["status"].value_counts().to_dict()
     summary = f"{len(runs)} runs ({', '.join(f'{n} {s}' for s, n in counts.items())}); losses in {unit}."
-    (staging / "index.html").write_text(render.html_page(experiment, tables, figures, summary))
+    (staging / "index.html").write_text(render.html_page(experiment, tables, figures, summary, across))
     (staging / "README.md").write_text(f"# ddl report: {experiment}\n\n{summary}\n\n" +
-                                       "\n".join(render.markdown(t) for t in tables))
+                                       "\n".join(render.markdown(t) for t in tables) +
+                                       ("\n" + (staging / "scaling.md").read_text() if across else ""))
     os.chmod(staging, 0o755)
     if final.exists():
         old = final.with_name(f".{experiment}.old")
@@ -74,4 +81,15 @@ def build(experiment: str, runs: pd.DataFrame, histories: pd.DataFrame, out_root
         shutil.rmtree(old)
     else:
         os.replace(staging, final)
-    return Report(experiment, final, tables, runs, unit)
+    return Report(experiment, final, tables, runs, unit, view)
+
+
+def _across_sizes(view: CrossSize | None, staging: Path) -> str:
+    """scaling.md/.csv and the two figures of the view across sizes; their HTML section ("" without a view,
+    i.e. with one size: no file is written)."""
+    if view is None:
+        return ""
+    figures = gap_figure(view, staging) + loss_figure(view, staging)
+    (staging / "scaling.md").write_text(render.scaling_markdown(view))
+    (staging / "scaling.csv").write_text(render.scaling_csv(view))
+    return render.scaling_html(view, figures)

@@ -32,6 +32,7 @@ def _report(names: list[str] | None, out: Path | None) -> int:
     from ..validation import safe_name
     from .build import build
     from .render import compared, ours
+    from .scaling import sections
     from .tables import row_label
 
     names = [safe_name("--experiment", name) for name in names or []]
@@ -66,6 +67,14 @@ def _report(names: list[str] | None, out: Path | None) -> int:
             console.print(against)
         for mark, text in loss.marks().items():
             console.print(f"{mark} {text}")
+        if report.across is not None:
+            for title, headers, rows, note in sections(report.across)[::2]:   # the gaps, measured and fitted
+                across = RichTable(title=title, caption=note)
+                for header in headers:
+                    across.add_column(header)
+                for row in rows:
+                    across.add_row(*row)
+                console.print(across)
         console.print(f"report: {report.path / 'index.html'}  ({plural(len(report.tables), 'table')}, "
                       f"{plural(len(list(report.path.glob('*.png'))), 'figure')})")
     return 0

@@ -11,6 +11,7 @@ import csv
 import html
 import io
 
+from .scaling import PAPER_N, CrossSize, sections
 from .stats import CONFIDENCE, seeds_to_resolve
 from .tables import BASELINE, PAPER_SIZES, Cell, Table, fmt_number, row_label
 
@@ -95,9 +96,19 @@ def markdown(table: Table) -> str:
               for row in table.rows]
     lines += ["", f"{LEGEND} {table.note}", *[f"{n}  " for n in _footnotes(table)], ""]
     for heading, headers, rows in compared(table):
-        lines += [f"#### {heading}", "", "| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]
-        lines += ["| " + " | ".join(r) + " |" for r in rows] + [""]
+        lines += [f"#### {heading}", "", *_plain_markdown(headers, rows), ""]
     return "\n".join(lines)
+
+
+def _plain_markdown(headers: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(headers) + " |", "|---" * len(headers) + "|",
+            *["| " + " | ".join(r) + " |" for r in rows]]
+
+
+def _plain_html(headers: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(x)}</td>" for x in r) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def latex(table: Table) -> str:
@@ -155,25 +166,66 @@ def html_table(table: Table) -> str:
         paper = f'<br><small>{html.escape(_paper(c))}</small>' if c.paper is not None else ""
         return f"<td{cls}>{text}{paper}</td>"
 
-    def plain(headers: list[str], rows: list[list[str]]) -> str:
-        head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(x)}</td>" for x in r) + "</tr>" for r in rows)
-        return f"<table><tr>{head}</tr>{body}</table>"
-
     head = "".join(f"<th>{html.escape(c.header)}</th>" for c in table.columns)
     body = "".join(f"<tr><th>{html.escape(row_label(row))}</th>"
                    + "".join(cell_html(table.cells[row, c.key]) for c in table.columns) + "</tr>" for row in table.rows)
     notes = "".join(f"<p class=note>{html.escape(n)}</p>" for n in [f"{LEGEND} {table.note}", *_footnotes(table)])
-    against = "".join(f"<h3>{html.escape(heading)}</h3>{plain(headers, rows)}"
+    against = "".join(f"<h3>{html.escape(heading)}</h3>{_plain_html(headers, rows)}"
                       for heading, headers, rows in compared(table))
     return f"<h2>{html.escape(table.title)}</h2><table><tr><th>Model</th>{head}</tr>{body}</table>{notes}{against}"
 
 
-def html_page(experiment: str, tables: list[Table], figures: list[str], summary: str) -> str:
+def html_page(experiment: str, tables: list[Table], figures: list[str], summary: str, across: str = "") -> str:
+    """The report's index.html; `across`: the cross-size section (scaling_html), where there is one."""
     style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
              "padding:4px 8px;text-align:center}td.missing{color:#a00}small{color:#666}.note{color:#555}")
     images = "".join(f'<figure><img src="{f}" width="900"><figcaption>{f}</figcaption></figure>' for f in figures)
     return (f"<!doctype html><html><head><meta charset=utf-8><title>ddl report: {html.escape(experiment)}</title>"
             f"<style>{style}</style></head><body><h1>ddl report: {html.escape(experiment)}</h1>"
-            f"<p>{html.escape(summary)}</p>" + "".join(html_table(t) for t in tables) +
+            f"<p>{html.escape(summary)}</p>" + "".join(html_table(t) for t in tables) + across +
             f"<h2>Figure 2: loss curves</h2>{images}</body></html>")
+
+
+def scaling_markdown(view: CrossSize) -> str:
+    lines = []
+    for title, headers, rows, note in sections(view):
+        lines += [f"### {title}", "", *_plain_markdown(headers, rows), "", note, ""]
+    return "\n".join(lines)
+
+
+def scaling_html(view: CrossSize, figures: list[str]) -> str:
+    """The cross-size tables, then their figures (PNG, linked to the SVG), then the files they are in."""
+    parts = [f"<h3>{html.escape(title)}</h3>{_plain_html(headers, rows)}<p class=note>{html.escape(note)}</p>"
+             for title, headers, rows, note in sections(view)]
+    images = "".join(f'<figure><a href="{f[:-4]}.svg"><img src="{f}" width="900"></a><figcaption>{f}</figcaption>'
+                     "</figure>" for f in figures if f.endswith(".png"))
+    files = '<p><a href="scaling.md">scaling.md</a> · <a href="scaling.csv">scaling.csv</a></p>'
+    return "<h2>Across sizes: does the gain grow or vanish?</h2>" + "".join(parts) + images + files
+
+
+SCALING_CSV = ["kind", "row", "size", "n", "relative_pct", "ci_low_pct", "ci_high_pct", "seeds", "points", "verdict",
+               "params_ratio", "flops_per_token", "tokens", "form", "a", "alpha", "alpha_low", "alpha_high", "c",
+               "extrapolated"]
+
+
+def scaling_csv(view: CrossSize) -> str:
+    """Long form: one line per point (ours, `paper`), per row's fit and per extrapolated gap."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, SCALING_CSV)
+    writer.writeheader()
+    for p in view.points:
+        low, high = p.interval or (None, None)
+        d = p.difference
+        writer.writerow(dict(kind="point" if d else "paper", row=p.row, size=p.size, n=p.n, relative_pct=p.relative,
+                             ci_low_pct=low, ci_high_pct=high, seeds=d and d.n, verdict=d and d.verdict(False),
+                             params_ratio=p.params_ratio, flops_per_token=p.flops_per_token, tokens=p.tokens))
+    for f in view.fits:
+        low, high = f.alpha_interval or (None, None)
+        writer.writerow(dict(kind="fit", row=f.row, points=f.points, form=f.form, a=f.a, alpha=f.alpha,
+                             alpha_low=low, alpha_high=high, c=f.c))
+    for g in view.gaps:
+        low, high = g.interval or (None, None)
+        writer.writerow(dict(kind="extrapolated_gap", row=g.row, size=g.size, n=PAPER_N[g.size],
+                             relative_pct=g.relative, ci_low_pct=low, ci_high_pct=high, points=g.points,
+                             extrapolated=g.extrapolated))
+    return out.getvalue()
