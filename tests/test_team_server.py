@@ -1,12 +1,24 @@
 """The team server (scripts/mlflow-team): a private PostgreSQL behind `mlflow server --serve-artifacts`, run
 and stopped by its own PIDs; a run logged through it lands in PostgreSQL and its artifacts in the server's
-artifact store."""
+artifact store; with basic-auth, the right login logs, a wrong one is one line and the password is written
+nowhere a run leaves things."""
 
 import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import urllib.request
+from pathlib import Path
 
-from tests.conftest import run_cli
+import pytest
+
+from tests.conftest import (MLFLOW_TEAM, _process_group, _running, _team_server_pids, private_team_server,
+                            run_cli)
 
 SMOKE = ["model=micro", "train=smoke", "train.steps=20"]
+SLURM = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
+         "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=20"]
 
 
 def query(server, sql: str, *params) -> list[tuple]:
@@ -20,17 +32,145 @@ def query(server, sql: str, *params) -> list[tuple]:
             return cursor.fetchall()
 
 
+def experiment_runs(server, experiment: str) -> list[tuple]:
+    """(run id, status, artifact URI) of the experiment's runs, from PostgreSQL."""
+    return query(server, "SELECT r.run_uuid, r.status, r.artifact_uri FROM runs r JOIN experiments e "
+                         "USING (experiment_id) WHERE e.name = %s", experiment)
+
+
+def stored_artifacts(server, artifact_uri: str) -> Path:
+    """Where the server keeps a run's proxied artifacts (`mlflow-artifacts:/<experiment>/<run>/artifacts`)."""
+    assert artifact_uri.startswith("mlflow-artifacts:/"), artifact_uri
+    return server.dir / "artifacts" / artifact_uri.removeprefix("mlflow-artifacts:/")
+
+
+def answers(uri: str) -> bool:
+    try:
+        urllib.request.urlopen(f"{uri}/health", timeout=10).close()
+        return True
+    except OSError:
+        return False
+
+
 def test_a_run_logged_through_the_server_lands_in_postgresql_and_its_artifact_store(team_server, ddl_home):
     out = run_cli("ddl-run", *SMOKE, "experiment=team-store", env_extra={"MLFLOW_TRACKING_URI": team_server.uri})
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    [(run_id, status, artifact_uri)] = query(team_server, "SELECT r.run_uuid, r.status, r.artifact_uri FROM runs r "
-                                                          "JOIN experiments e USING (experiment_id) WHERE e.name = %s",
-                                             "team-store")
-    assert status == "FINISHED" and artifact_uri.startswith("mlflow-artifacts:/"), artifact_uri
+    [(run_id, status, artifact_uri)] = experiment_runs(team_server, "team-store")
     steps = query(team_server, "SELECT step FROM metrics WHERE run_uuid = %s AND key = 'train/loss' ORDER BY step",
                   run_id)
-    assert steps and steps[-1] == (20,), steps
-    stored = team_server.dir / "artifacts" / artifact_uri.removeprefix("mlflow-artifacts:/")
+    assert status == "FINISHED" and steps and steps[-1] == (20,), (status, steps)
+    stored = stored_artifacts(team_server, artifact_uri)
     assert (stored / "config.yaml").is_file() and (stored / "train.log").is_file(), sorted(stored.rglob("*"))
     assert not (ddl_home / "mlflow.db").exists() and not (ddl_home / "mlartifacts").exists()
 
+
+@pytest.mark.slow
+def test_up_status_down_act_on_their_own_directory_only(team_server, tmp_path):
+    """A second server in its own directory: status names what runs, down stops exactly what up started, and
+    neither the session's server nor a process that merely looks like one (a copy of sleep named postgres,
+    or one whose PID a stale PID file names) is signalled."""
+    decoy_binary = tmp_path / "postgres"
+    shutil.copy2(shutil.which("sleep"), decoy_binary)
+    decoy = subprocess.Popen([str(decoy_binary), "600"])
+    directory = Path(tempfile.mkdtemp(prefix="ddl-team-"))
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")},
+           "DDL_TEAM_DIR": str(directory), "DDL_TEAM_PYTHON": team_server.env()["DDL_TEAM_PYTHON"]}
+
+    def script(*args):
+        return subprocess.run([str(MLFLOW_TEAM), *args], capture_output=True, text=True, timeout=300, env=env)
+
+    try:
+        up = script("up")
+        assert up.returncode == 0, up.stdout + up.stderr
+        uri = up.stdout.strip().splitlines()[-1].removeprefix("export MLFLOW_TRACKING_URI=")
+        assert uri != team_server.uri and answers(uri)
+        postgres = int((directory / "postgres.pid").read_text())
+        started = {"postgres": postgres, **_team_server_pids(directory),
+                   **{f"postgres/{pid}": pid for pid in _process_group(postgres) if pid != postgres}}
+        status = script("status")
+        assert status.returncode == 0 and f"postgres: running (PID {postgres})" in status.stdout
+        assert f"export MLFLOW_TRACKING_URI={uri}" in status.stdout
+
+        down = script("down")
+        assert down.returncode == 0 and f"postgres:{postgres}" in down.stdout, down.stdout + down.stderr
+        assert not [name for name, pid in started.items() if _running(pid)]
+        status = script("status")
+        assert status.returncode == 1 and "down" in status.stdout
+
+        for name in ("postgres", "mlflow"):                  # stale PID files naming someone else's process
+            (directory / f"{name}.pid").write_text(f"{decoy.pid}\n")
+        assert script("down").returncode == 0
+        assert decoy.poll() is None, "down signalled a process its directory does not name"
+        assert all(_running(team_server.pids[name]) for name in ("postgres", "mlflow", "watchdog"))   # untouched
+        assert answers(team_server.uri)
+    finally:
+        script("down")
+        shutil.rmtree(directory, ignore_errors=True)
+        decoy.kill()
+        decoy.wait()
+
+
+@pytest.fixture(scope="module")
+def auth_server():
+    """A second private server, with MLflow's basic-auth app (`up --auth`)."""
+    with private_team_server(auth=True) as server:
+        yield server
+
+
+@pytest.mark.slow
+def test_basic_auth_the_right_login_logs_and_a_wrong_one_is_one_line(auth_server, ddl_home):
+    login = auth_server.credentials()
+    for wrong, message in ((dict(login, MLFLOW_TRACKING_PASSWORD="not-the-password"),
+                            "the server did not accept MLFLOW_TRACKING_USERNAME=admin with its "
+                            "MLFLOW_TRACKING_PASSWORD (HTTP 401); check both"),
+                           ({}, "the server asks for a login (HTTP 401); set MLFLOW_TRACKING_USERNAME and "
+                                "MLFLOW_TRACKING_PASSWORD")):
+        out = run_cli("ddl-run", *SMOKE, "experiment=team-auth",
+                      env_extra={"MLFLOW_TRACKING_URI": auth_server.uri, **wrong})
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1, out.stdout[-2000:] + out.stderr[-2000:]
+        assert lines[0] == f"ddl-run: error: MLFLOW_TRACKING_URI={auth_server.uri}: {message}", lines
+        assert "not-the-password" not in out.stdout + out.stderr
+        assert not (ddl_home / "mlflow.db").exists() and not any((ddl_home / "runs").glob("*"))
+        assert experiment_runs(auth_server, "team-auth") == []
+    out = run_cli("ddl-run", *SMOKE, "experiment=team-auth", env_extra={"MLFLOW_TRACKING_URI": auth_server.uri,
+                                                                        **login})
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    [(_, status, _)] = experiment_runs(auth_server, "team-auth")
+    assert status == "FINISHED"
+
+
+def files_holding(secret: str, *roots: Path) -> list[str]:
+    """Every file under `roots` whose bytes hold `secret`."""
+    return [str(path) for root in roots for path in root.rglob("*")
+            if path.is_file() and secret.encode() in path.read_bytes()]
+
+
+@pytest.mark.slow
+def test_the_password_is_nowhere_a_slurm_run_leaves(auth_server, system_slurm_decoys, slurm_cluster, ddl_home,
+                                                    tmp_path):
+    """A SLURM job logging to the basic-auth server: its params, tags, artifacts, train.log, the job script
+    submitit writes, Hydra's files, the report and the server's log never hold the password."""
+    login = auth_server.credentials()
+    password = login["MLFLOW_TRACKING_PASSWORD"]
+    env = {"MLFLOW_TRACKING_URI": auth_server.uri, **login}
+    out = run_cli("ddl-run", "-m", *SMOKE, *SLURM, "experiment=team-secret", env_extra=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    [(run_id, status, artifact_uri)] = experiment_runs(auth_server, "team-secret")
+    assert status == "FINISHED", status
+    job_scripts = list((ddl_home / "sweeps").rglob("*_submission.sh"))
+    assert job_scripts and all("#SBATCH" in p.read_text() for p in job_scripts)   # what sbatch was given
+    assert list(ddl_home.rglob("train.log"))
+    report = run_cli("ddl-report", "--experiment", "team-secret", "--out", str(tmp_path / "reports"), env_extra=env)
+    assert report.returncode == 0, report.stdout[-2000:] + report.stderr[-2000:]
+    assert any((tmp_path / "reports").rglob("*.md"))
+
+    values = query(auth_server, "SELECT value FROM params WHERE run_uuid = %s UNION ALL "
+                                "SELECT value FROM tags WHERE run_uuid = %s", run_id, run_id)
+    assert values and not [v for (v,) in values if password in v]
+    assert ("ddl.launcher", "slurm") in query(auth_server, "SELECT key, value FROM tags WHERE run_uuid = %s", run_id)
+    assert any(stored_artifacts(auth_server, artifact_uri).rglob("train.log"))
+    # The server's whole directory (its database files, logs, artifact store) holds it in its own 0600 file only.
+    assert files_holding(password, auth_server.dir) == [str(auth_server.dir / "admin-password")]
+    assert not files_holding(password, ddl_home, tmp_path / "reports")
+    assert password not in out.stdout + out.stderr + report.stdout + report.stderr
