@@ -141,13 +141,13 @@ def _run_claimed(cfg: DictConfig, job: Job, run_dir, launcher: str, job_key: str
         return _reuse(job, run_dir, elsewhere)
     if rival:
         return _left(job, run_dir, job_key, f"{status.ELSEWHERE} ({rival})")
+    status.announce(run_dir, job_key, TRAIN)      # before the trainer's set-up, where the ranks meet
     trainer = _set_up(job, run_dir)
     run = _open_run(job, run_dir, launcher, trainer.step)
     rival = store.running_elsewhere(job.signature, besides=run.client.get_run(run.id))
-    if rival:                      # another home started it at the same moment, and first
-        run.delete()
+    if rival and job_key is None:  # another home started it at the same moment, and first (a job of several
+        run.delete()               # tasks, whose ranks have met already, goes on)
         return _left(job, run_dir, job_key, f"{status.ELSEWHERE} ({rival})")
-    status.announce(run_dir, job_key, TRAIN)
     return _train(cfg, job, run_dir, run, trainer, launcher)
 
 
