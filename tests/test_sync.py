@@ -301,3 +301,48 @@ def test_a_target_that_cannot_be_used_is_one_line_without_its_password(ddl_home,
     out, err = capsys.readouterr()
     assert not out and len(err.splitlines()) == 1 and allowed in err and "ddl:***@" in err and "s3cret" not in err
     assert not (ddl_home / "mlflow.db").exists()
+
+
+def _snapshot(experiment: str) -> dict:
+    """What the report and a user read of an experiment's runs, by signature: name, status, times, params, tags,
+    every point of every curve and evaluation, datasets, artifacts and their sizes."""
+    from ddl.track import store
+    client = store.client()
+    found = client.get_experiment_by_name(experiment)
+    snapshot = {}
+    for run in client.search_runs([found.experiment_id]):
+        info, data = run.info, run.data
+        points = {key: [(m.step, m.timestamp, m.value) for m in client.get_metric_history(info.run_id, key)]
+                  for key in data.metrics if not key.startswith("system/")}
+        artifacts = {a.path: a.file_size for folder in (None, "checkpoint")
+                     for a in client.list_artifacts(info.run_id, folder) if not a.is_dir}
+        snapshot[data.tags["ddl.signature"]] = (
+            info.run_name, info.status, info.start_time, info.end_time, data.params,
+            {k: v for k, v in data.tags.items() if k != sync.ORIGIN_TAG}, points,
+            [(d.dataset.name, d.dataset.digest, d.dataset.profile) for d in run.inputs.dataset_inputs], artifacts)
+    return snapshot
+
+
+def _tables(folder: Path) -> dict:
+    return {path.name: path.read_text() for path in sorted(folder.iterdir()) if path.suffix in (".csv", ".md", ".tex")}
+
+
+@pytest.mark.slow
+def test_a_sweeps_deleted_store_is_rebuilt_by_sync_with_every_point_and_the_same_report(ddl_home, tmp_path):
+    # One job at a time: jobs that log the same dataset together can race in MLflow's log_inputs (SQLite).
+    sweep = run_cli("ddl-run", "-m", "residual=ddl,baseline", "dv=1,4", "model=micro", "train=smoke",
+                    "experiment=rebuild", "eval=offline", "eval.limit=5", "hydra.launcher.max_parallel=1")
+    assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-2000:]
+    before = _snapshot("rebuild")
+    assert len(before) == 3 and all(any(k.startswith("eval/") for k in run[6]) for run in before.values())
+    assert run_cli("ddl-report", "--experiment", "rebuild", "--out", str(tmp_path / "before")).returncode == 0
+    (ddl_home / "mlflow.db").unlink()
+    synced = run_cli("ddl-track", "sync")
+    assert synced.returncode == 0 and "3 runs created, 0 updated" in synced.stdout, synced.stdout + synced.stderr
+    assert _snapshot("rebuild") == before
+    report = run_cli("ddl-report", "--experiment", "rebuild", "--out", str(tmp_path / "after"))
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert _tables(tmp_path / "after" / "rebuild") == _tables(tmp_path / "before" / "rebuild") != {}
+    again = run_cli("ddl-track", "sync")
+    assert again.returncode == 0 and "0 runs created, 0 updated, 3 up to date" in again.stdout, again.stdout
+    assert again.stdout.strip().endswith("nothing added")
