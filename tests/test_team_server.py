@@ -174,3 +174,61 @@ def test_the_password_is_nowhere_a_slurm_run_leaves(auth_server, system_slurm_de
     assert files_holding(password, auth_server.dir) == [str(auth_server.dir / "admin-password")]
     assert not files_holding(password, ddl_home, tmp_path / "reports")
     assert password not in out.stdout + out.stderr + report.stdout + report.stderr
+
+
+# SQLite on a network filesystem (ddl/track/filesystems.py). Lines as the kernel writes them (proc(5)): a
+# cluster node's root, home on NFS 4 with a local disk mounted below it, Lustre scratch, GPFS, a CIFS share
+# whose mount point holds a space (\040), and two mounts stacked on /data (the last one hides the first).
+CLUSTER_MOUNTINFO = "\n".join([
+    "29 1 8:2 / / rw,relatime shared:1 - ext4 /dev/sda2 rw,errors=remount-ro",
+    "36 29 0:5 / /dev rw,nosuid,relatime shared:2 - devtmpfs udev rw,size=65822836k,nr_inodes=16455709,mode=755",
+    "98 29 0:52 / /home rw,relatime shared:50 - nfs4 fileserver:/export/home rw,vers=4.2,rsize=1048576,"
+    "wsize=1048576,namlen=255,hard,proto=tcp,timeo=600,retrans=2,sec=sys,clientaddr=10.1.2.3,local_lock=none,"
+    "addr=10.1.0.5",
+    "99 98 8:17 / /home/alice/fast rw,relatime shared:51 - xfs /dev/sdb1 rw,attr2,inode64,noquota",
+    "120 29 0:60 / /lustre/scratch rw,relatime shared:60 - lustre 10.0.0.1@o2ib:10.0.0.2@o2ib:/scratch "
+    "rw,flock,lazystatfs,encrypt",
+    "130 29 0:70 / /gpfs/fs1 rw,relatime shared:70 - gpfs fs1 rw",
+    r"140 29 0:80 / /mnt/lab\040share rw,relatime shared:80 - cifs //nas/lab rw,vers=3.1.1,cache=strict,"
+    "username=svc,uid=0,noforceuid,gid=0,noforcegid,addr=10.1.0.9,file_mode=0755,dir_mode=0755,soft,nounix",
+    "150 29 8:18 / /data rw,relatime shared:90 - ext4 /dev/sdb2 rw",
+    "151 150 0:90 / /data rw,relatime shared:91 - nfs nas:/data rw,vers=3,addr=10.1.0.9",
+])
+
+
+def test_mountinfo_gives_the_type_of_the_deepest_mount_containing_a_path():
+    from ddl.track.filesystems import Mount, filesystem_type, parse_mountinfo
+    mounts = parse_mountinfo(CLUSTER_MOUNTINFO)
+    assert mounts[0] == Mount("/", "ext4") and Mount("/mnt/lab share", "cifs") in mounts and len(mounts) == 9
+    assert {path: filesystem_type(Path(path), CLUSTER_MOUNTINFO) for path in (
+        "/home/alice/ddl", "/home", "/homework/ddl", "/home/alice/fast/ddl", "/lustre/scratch/alice/ddl",
+        "/gpfs/fs1/ddl", "/mnt/lab share/ddl", "/data/ddl", "/tmp/ddl")} == {
+        "/home/alice/ddl": "nfs4", "/home": "nfs4", "/homework/ddl": "ext4", "/home/alice/fast/ddl": "xfs",
+        "/lustre/scratch/alice/ddl": "lustre", "/gpfs/fs1/ddl": "gpfs", "/mnt/lab share/ddl": "cifs",
+        "/data/ddl": "nfs", "/tmp/ddl": "ext4"}
+
+
+def test_this_machines_mountinfo_agrees_with_findmnt(tmp_path):
+    from ddl.track.filesystems import MOUNTINFO, filesystem_type
+    if shutil.which("findmnt") is None:
+        pytest.skip("no findmnt (util-linux) to compare with")
+    for path in (tmp_path, Path("/proc/self"), Path("/dev/shm"), Path(__file__)):
+        findmnt = subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "-T", str(path)], capture_output=True, text=True)
+        assert filesystem_type(path, MOUNTINFO.read_text()) == findmnt.stdout.split()[-1], path   # the top of a stack
+
+
+def test_sqlite_under_slurm_on_a_network_filesystem_gets_one_warning_line(monkeypatch):
+    from ddl.track.filesystems import sqlite_on_network_warning
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    for home, fstype in (("/lustre/scratch/alice/ddl", "lustre"), ("/home/alice/ddl", "nfs4"),
+                         ("/gpfs/fs1/ddl", "gpfs"), ("/mnt/lab share/ddl", "cifs")):
+        monkeypatch.setenv("DDL_HOME", home)
+        [line] = sqlite_on_network_warning("slurm", CLUSTER_MOUNTINFO).splitlines()
+        assert line.startswith(f"ddl-run: warning: DDL_HOME={home} is on {fstype}, where SQLite")
+        assert "scripts/mlflow-team" in line and "set MLFLOW_TRACKING_URI in every home" in line
+        assert sqlite_on_network_warning("local", CLUSTER_MOUNTINFO) is None        # one machine's jobs: SQLite copes
+    monkeypatch.setenv("DDL_HOME", "/home/alice/fast/ddl")                          # a local disk under NFS home
+    assert sqlite_on_network_warning("slurm", CLUSTER_MOUNTINFO) is None
+    monkeypatch.setenv("DDL_HOME", "/home/alice/ddl")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.lab:5000")          # a server: nothing to warn of
+    assert sqlite_on_network_warning("slurm", CLUSTER_MOUNTINFO) is None

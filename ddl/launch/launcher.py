@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 
 from .. import paths
 from ..text import plural
+from ..track.filesystems import warn_if_sqlite_on_network
 from ..train.signals import DeferredSignals
 from . import status
 from .configs import ConfigError
@@ -98,6 +99,7 @@ class SweepLauncher(BaseSubmititLauncher):
                       self.params.get("cpus_per_task") or 1).print()
             return []
         self.prepare_store({j.experiment for j in plan.jobs})
+        warn_if_sqlite_on_network(self._EXECUTOR)      # SQLite on NFS/Lustre under SLURM: say what to run instead
         skipped = plan.finished()
         reusable = plan.reusable(skipped)
         elsewhere = plan.running_elsewhere(skipped | reusable.keys())
