@@ -74,7 +74,7 @@ def run_main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us, to print them as one line
     register()
     try:
-        with _outputs_of(argv) as hydra_argv:
+        with _for_hydra(argv) as hydra_argv:
             sys.argv = [sys.argv[0], *hydra_argv]
             if not _print_help(str(conf_dir()), hydra_argv):
                 _hydra_app(str(conf_dir()))()
@@ -100,6 +100,10 @@ def run_main() -> None:
         if isinstance(err, Interrupted):
             print(f"ddl-run: {err}; the run is KILLED: run the same command to resume", file=sys.stderr)
             sys.exit(128 + err.signum)
+        from .track.logger import StoreUnreachable
+        if isinstance(err, StoreUnreachable):
+            print(f"ddl-run: error: {err}", file=sys.stderr)
+            sys.exit(1)
         if isinstance(err, OSError):    # a full disk, a read-only DDL_HOME: the environment, not the code
             where = f"{err.filename}: " if err.filename else ""
             print(f"ddl-run: error: {where}{err.strerror or err}", file=sys.stderr)
@@ -108,17 +112,20 @@ def run_main() -> None:
 
 
 @contextlib.contextmanager
-def _outputs_of(argv: list[str]):
+def _for_hydra(argv: list[str]):
     """The command line Hydra gets. A dry run writes nothing where the user works: Hydra writes a run's
     .hydra/ and log, and a sweep's multirun.yaml, before any of ddl's code runs, so for a dry run its
     output folders are a temporary folder, removed at the end (DDL_HOME and the working directory may be
-    read-only)."""
+    read-only); and it takes none of Hydra's logging configs (their log file and handlers are an eighth
+    of composing each job), unless the command names one."""
     if not any(DRY_RUN.fullmatch(arg) for arg in argv):
         yield argv
         return
     import tempfile
+    named = {arg.partition("=")[0] for arg in argv}
+    quiet = [f"{group}=none" for group in ("hydra/job_logging", "hydra/hydra_logging") if group not in named]
     with tempfile.TemporaryDirectory(prefix="ddl-dry-run-") as scratch:
-        yield [*argv, f"hydra.run.dir='{scratch}'", f"hydra.sweep.dir='{scratch}'"]
+        yield [*argv, f"hydra.run.dir='{scratch}'", f"hydra.sweep.dir='{scratch}'", *quiet]
 
 
 def _print_help(config_dir: str, argv: list[str]) -> bool:
