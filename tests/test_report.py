@@ -84,6 +84,8 @@ def test_offline_task_columns_figures_and_html(report):
         assert (out_dir / name).stat().st_size > 1000
     page = (out_dir / "index.html").read_text()
     assert "Table 3" in page and "figure2_micro.png" in page and "nats/token (byte)" in page
+    across = (out_dir / "scaling.csv").read_text()       # runs of micro and small: the view across sizes
+    assert "scaling_gap.png" in page and "point,ddl_dv4,micro," in across and "fit,baseline," in across
     assert "report:" in stdout and "Micro Valid Loss" in stdout and "paired by seed" in stdout
 
 
