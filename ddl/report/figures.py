@@ -10,14 +10,14 @@ import pandas as pd
 from .tables import row_label
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
 
 
-def _save(fig, stem: str, out_dir: Path) -> list[str]:
+def save_figure(fig, stem: str, out_dir: Path) -> list[str]:
     names = []
     for ext in ("png", "svg"):
         fig.savefig(out_dir / f"{stem}.{ext}", dpi=110)
@@ -26,7 +26,7 @@ def _save(fig, stem: str, out_dir: Path) -> list[str]:
 
 
 def loss_curves(runs: pd.DataFrame, histories: pd.DataFrame, size: str, unit: str, out_dir: Path) -> list[str]:
-    plt = _pyplot()
+    plt = pyplot()
     subset = runs[runs["params.model.size"] == size]
     fig, axes = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
     for ax, key, label in ((axes[0], "train/loss", "training loss"), (axes[1], "val/loss", "validation loss")):
@@ -45,7 +45,7 @@ def loss_curves(runs: pd.DataFrame, histories: pd.DataFrame, size: str, unit: st
     axes[0].set_title(f"Loss curves, {size} models")
     axes[1].set_xlabel("step")
     fig.tight_layout()
-    names = _save(fig, f"figure2_{size}", out_dir)
+    names = save_figure(fig, f"figure2_{size}", out_dir)
     plt.close(fig)
     return names
 
@@ -69,7 +69,7 @@ def layer_diagnostics(runs: pd.DataFrame, size: str, out_dir: Path) -> list[str]
     curves = [c for c in curves if not c[1].empty]
     if not curves:
         return []
-    plt = _pyplot()
+    plt = pyplot()
     ranked = any(not rank.empty for _, _, rank in curves)
     fig, axes = plt.subplots(1 + ranked, 1, figsize=(8, 8 if ranked else 4.5), sharex=True, squeeze=False)
     axes = axes[:, 0]
@@ -92,6 +92,6 @@ def layer_diagnostics(runs: pd.DataFrame, size: str, out_dir: Path) -> list[str]
     axes[0].legend(fontsize="small", ncol=2)
     axes[0].set_title(f"Delta diagnostics by layer at the end of training, {size} models")
     fig.tight_layout()
-    names = _save(fig, f"diagnostics_{size}", out_dir)
+    names = save_figure(fig, f"diagnostics_{size}", out_dir)
     plt.close(fig)
     return names

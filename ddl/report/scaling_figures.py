@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .figures import _pyplot, _save
+from .figures import pyplot, save_figure
 from .scaling import PAPER_N, CrossSize
 from .tables import row_label
 
@@ -22,7 +22,7 @@ def gap_figure(view: CrossSize, out_dir: Path) -> list[str]:
     ours = [p.n for p in view.points if p.difference is not None]
     if not ours:
         return []
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5.5))
     colours = _colours(p.row for p in view.points)
     for p in view.points:
@@ -47,7 +47,7 @@ def gap_figure(view: CrossSize, out_dir: Path) -> list[str]:
     ax.grid(alpha=0.3)
     ax.legend(handles=handles, fontsize="small")
     fig.tight_layout()
-    names = _save(fig, "scaling_gap", out_dir)
+    names = save_figure(fig, "scaling_gap", out_dir)
     plt.close(fig)
     return names
 
@@ -76,7 +76,7 @@ def loss_figure(view: CrossSize, out_dir: Path) -> list[str]:
     without a fit."""
     if not view.fits:
         return []
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5.5))
     colours = _colours([f.row for f in view.fits])
     for fit in view.fits:
@@ -95,6 +95,6 @@ def loss_figure(view: CrossSize, out_dir: Path) -> list[str]:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="small")
     fig.tight_layout()
-    names = _save(fig, "scaling_loss", out_dir)
+    names = save_figure(fig, "scaling_loss", out_dir)
     plt.close(fig)
     return names

@@ -2,7 +2,7 @@
 
     python -m ddl.train model.size=tiny model.residual=ddl model.dv=4 train.steps=300
 
-Keys: model.size (micro|tiny|small|medium) and any ModelConfig field as model.<field>,
+Keys: model.size (micro|tiny|mini|small|medium|large) and any ModelConfig field as model.<field>,
 data.<field>, train.<field>, seed. Runs into DDL_HOME/runs/<signature>/ and prints the final
 validation loss beside the corpus' unigram cross-entropy (what a model that learned nothing
 beyond token frequencies would score).
