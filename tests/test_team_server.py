@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import (MLFLOW_TEAM, _process_group, _running, _team_server_pids, private_team_server,
-                            run_cli)
+from tests.conftest import MLFLOW_TEAM, _running, private_team_server, run_cli
 
 SMOKE = ["model=micro", "train=smoke", "train.steps=20"]
 SLURM = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
@@ -64,48 +63,36 @@ def test_a_run_logged_through_the_server_lands_in_postgresql_and_its_artifact_st
     assert not (ddl_home / "mlflow.db").exists() and not (ddl_home / "mlartifacts").exists()
 
 
-@pytest.mark.slow
-def test_up_status_down_act_on_their_own_directory_only(team_server, tmp_path):
-    """A second server in its own directory: status names what runs, down stops exactly what up started, and
-    neither the session's server nor a process that merely looks like one (a copy of sleep named postgres,
-    or one whose PID a stale PID file names) is signalled."""
+def test_status_and_down_act_on_what_their_own_directory_names(team_server, tmp_path):
+    """status names the running server's PIDs and URI, a second `up` starts nothing, and `down` in a directory
+    whose PID files name other processes (a copy of sleep named postgres, the session server's own PIDs)
+    signals none of them. (That `down` stops all that `up` started is checked as each server goes: team_down.)"""
+    status = team_server.script("status")
+    assert status.returncode == 0, status.stdout + status.stderr
+    for name in ("postgres", "mlflow", "watchdog"):
+        assert f"{name}: running (PID {team_server.pids[name]})" in status.stdout
+    assert f"export MLFLOW_TRACKING_URI={team_server.uri}" in status.stdout
+    again = team_server.script("up")
+    assert again.returncode == 0 and "already up" in again.stdout and team_server.uri in again.stdout
+
     decoy_binary = tmp_path / "postgres"
     shutil.copy2(shutil.which("sleep"), decoy_binary)
     decoy = subprocess.Popen([str(decoy_binary), "600"])
-    directory = Path(tempfile.mkdtemp(prefix="ddl-team-"))
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")},
-           "DDL_TEAM_DIR": str(directory), "DDL_TEAM_PYTHON": team_server.env()["DDL_TEAM_PYTHON"]}
-
-    def script(*args):
-        return subprocess.run([str(MLFLOW_TEAM), *args], capture_output=True, text=True, timeout=300, env=env)
-
+    stale = Path(tempfile.mkdtemp(prefix="ddl-team-"))
+    env = {**os.environ, "DDL_TEAM_DIR": str(stale)}
     try:
-        up = script("up")
-        assert up.returncode == 0, up.stdout + up.stderr
-        uri = up.stdout.strip().splitlines()[-1].removeprefix("export MLFLOW_TRACKING_URI=")
-        assert uri != team_server.uri and answers(uri)
-        postgres = int((directory / "postgres.pid").read_text())
-        started = {"postgres": postgres, **_team_server_pids(directory),
-                   **{f"postgres/{pid}": pid for pid in _process_group(postgres) if pid != postgres}}
-        status = script("status")
-        assert status.returncode == 0 and f"postgres: running (PID {postgres})" in status.stdout
-        assert f"export MLFLOW_TRACKING_URI={uri}" in status.stdout
-
-        down = script("down")
-        assert down.returncode == 0 and f"postgres:{postgres}" in down.stdout, down.stdout + down.stderr
-        assert not [name for name, pid in started.items() if _running(pid)]
-        status = script("status")
-        assert status.returncode == 1 and "down" in status.stdout
-
-        for name in ("postgres", "mlflow"):                  # stale PID files naming someone else's process
-            (directory / f"{name}.pid").write_text(f"{decoy.pid}\n")
-        assert script("down").returncode == 0
+        for name, pid in (("postgres", decoy.pid), ("mlflow", team_server.pids["mlflow"]),
+                          ("watchdog", team_server.pids["postgres"])):
+            (stale / f"{name}.pid").write_text(f"{pid}\n")
+        status = subprocess.run([str(MLFLOW_TEAM), "status"], capture_output=True, text=True, env=env, timeout=60)
+        assert status.returncode == 1 and f"mlflow-team: down ({stale})" in status.stdout, status.stdout
+        down = subprocess.run([str(MLFLOW_TEAM), "down"], capture_output=True, text=True, env=env, timeout=60)
+        assert down.returncode == 0 and "stopped nothing" in down.stdout, down.stdout + down.stderr
         assert decoy.poll() is None, "down signalled a process its directory does not name"
-        assert all(_running(team_server.pids[name]) for name in ("postgres", "mlflow", "watchdog"))   # untouched
+        assert all(_running(team_server.pids[name]) for name in ("postgres", "mlflow", "watchdog"))
         assert answers(team_server.uri)
     finally:
-        script("down")
-        shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(stale)
         decoy.kill()
         decoy.wait()
 
@@ -118,21 +105,27 @@ def auth_server():
 
 
 @pytest.mark.slow
-def test_basic_auth_the_right_login_logs_and_a_wrong_one_is_one_line(auth_server, ddl_home):
+def test_basic_auth_the_right_login_logs_and_a_wrong_one_is_one_line(auth_server, ddl_home, monkeypatch):
     login = auth_server.credentials()
-    for wrong, message in ((dict(login, MLFLOW_TRACKING_PASSWORD="not-the-password"),
-                            "the server did not accept MLFLOW_TRACKING_USERNAME=admin with its "
-                            "MLFLOW_TRACKING_PASSWORD (HTTP 401); check both"),
-                           ({}, "the server asks for a login (HTTP 401); set MLFLOW_TRACKING_USERNAME and "
-                                "MLFLOW_TRACKING_PASSWORD")):
-        out = run_cli("ddl-run", *SMOKE, "experiment=team-auth",
-                      env_extra={"MLFLOW_TRACKING_URI": auth_server.uri, **wrong})
-        lines = out.stderr.strip().splitlines()
-        assert out.returncode == 2 and len(lines) == 1, out.stdout[-2000:] + out.stderr[-2000:]
-        assert lines[0] == f"ddl-run: error: MLFLOW_TRACKING_URI={auth_server.uri}: {message}", lines
-        assert "not-the-password" not in out.stdout + out.stderr
-        assert not (ddl_home / "mlflow.db").exists() and not any((ddl_home / "runs").glob("*"))
-        assert experiment_runs(auth_server, "team-auth") == []
+    wrong = {**login, "MLFLOW_TRACKING_PASSWORD": "not-the-password"}
+    out = run_cli("ddl-run", *SMOKE, "experiment=team-auth", env_extra={"MLFLOW_TRACKING_URI": auth_server.uri,
+                                                                        **wrong})
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert lines[0] == (f"ddl-run: error: MLFLOW_TRACKING_URI={auth_server.uri}: the server did not accept "
+                        f"MLFLOW_TRACKING_USERNAME=admin with its MLFLOW_TRACKING_PASSWORD (HTTP 401); check both")
+    assert "not-the-password" not in out.stdout + out.stderr
+    assert not (ddl_home / "mlflow.db").exists() and not any((ddl_home / "runs").glob("*"))
+    assert experiment_runs(auth_server, "team-auth") == []
+
+    from ddl.track import store                   # no login at all: the same check, in this process
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", auth_server.uri)
+    for variable in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.delenv(variable, raising=False)
+    with pytest.raises(store.StoreError, match=r"the server asks for a login \(HTTP 401\); set "
+                                               r"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD$"):
+        store.check()
+
     out = run_cli("ddl-run", *SMOKE, "experiment=team-auth", env_extra={"MLFLOW_TRACKING_URI": auth_server.uri,
                                                                         **login})
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
@@ -154,7 +147,8 @@ def test_the_password_is_nowhere_a_slurm_run_leaves(auth_server, system_slurm_de
     login = auth_server.credentials()
     password = login["MLFLOW_TRACKING_PASSWORD"]
     env = {"MLFLOW_TRACKING_URI": auth_server.uri, **login}
-    out = run_cli("ddl-run", "-m", *SMOKE, *SLURM, "experiment=team-secret", env_extra=env)
+    # seed=1: a signature of its own, which no other test's run on this server lets it reuse
+    out = run_cli("ddl-run", "-m", *SMOKE, *SLURM, "seed=1", "experiment=team-secret", env_extra=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     [(run_id, status, artifact_uri)] = experiment_runs(auth_server, "team-secret")
     assert status == "FINISHED", status
