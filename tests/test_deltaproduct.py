@@ -12,7 +12,9 @@ import torch
 from torch import nn
 
 from ddl.model import GPT, SIZES, ModelConfig, model_config, param_count
-from ddl.model.delta import DeltaResidual, SublayerInput
+from ddl.model.delta import DeltaResidual, SublayerInput, delta_update_steps
+from ddl.model.fused import FusedDeltaSteps, update_steps
+from tests.test_model_math import loops  # noqa: F401  (the fixture: the C++ loops, then the PyTorch-op ones)
 
 D = 8
 
@@ -103,6 +105,52 @@ def test_with_every_beta_2_the_transition_is_orthogonal_with_determinant_minus_1
     M = transition(delta)
     torch.testing.assert_close(M @ M.T, torch.eye(D), rtol=0, atol=1e-12)
     assert torch.linalg.det(M).item() == pytest.approx((-1) ** n_h, abs=1e-12)
+
+
+def step_inputs(S: int, dv: int, seed: int = 4) -> list[torch.Tensor]:
+    """X (2,3,dv,D), then each step's k~ (2,3,D), beta (2,3,1) in [0, 2), v (2,3,dv): flat."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(D,), (1,), (dv,)] * S
+    out = [torch.randn(2, 3, dv, D, generator=g)]
+    out += [2 * torch.rand(2, 3, *shape, generator=g) if n % 3 == 1 else torch.randn(2, 3, *shape, generator=g)
+            for n, shape in enumerate(shapes)]
+    return out
+
+
+def by_step(flat: list[torch.Tensor]) -> list[tuple]:
+    return list(zip(flat[0::3], flat[1::3], flat[2::3], strict=True))
+
+
+@pytest.mark.usefixtures("loops")
+@pytest.mark.parametrize("S, dv", [(2, 1), (2, 4), (3, 4)])
+@pytest.mark.parametrize("loss_on_writes", [True, False], ids=["writes read", "writes unread"])
+def test_the_fused_steps_are_the_plain_steps_in_value_and_gradient(S, dv, loss_on_writes):
+    """One pass over the state for a sublayer's S updates (FusedDeltaSteps) against S plain delta_update
+    calls: X_S, every w_s, and the gradients of X and of every step's k~, beta, v, with dL/dw given (the
+    attention's writes, read by the MLP's compressor) or absent (the MLP's)."""
+    plain_in, fused_in = ([t.clone().requires_grad_() for t in step_inputs(S, dv)] for _ in range(2))
+    plain = delta_update_steps(plain_in[0], by_step(plain_in[1:]), 1e-5)
+    fused = update_steps(fused_in[0], by_step(fused_in[1:]), 1e-5)
+    g = torch.Generator().manual_seed(5)
+    weights = [torch.randn(plain[0].shape, generator=g)] + [torch.randn(w.shape, generator=g) for w in plain[1]]
+    for X, ws in (plain, fused):
+        on_writes = sum((w * c).sum() for w, c in zip(ws, weights[1:], strict=True))
+        ((X * weights[0]).sum() + loss_on_writes * on_writes).backward()
+    for a, b in zip([plain[0], *plain[1]], [fused[0], *fused[1]], strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
+    for n, (a, b) in enumerate(zip(plain_in, fused_in, strict=True)):
+        torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=1e-12, msg=f"input {n}")
+    assert torch.autograd.gradcheck(lambda X, *steps: FusedDeltaSteps.apply(X, 1e-5, *steps),
+                                    [t.clone().requires_grad_() for t in step_inputs(S, dv, seed=6)])
+
+
+@pytest.mark.usefixtures("loops")
+def test_the_fused_steps_keep_the_state_in_fp32_under_bf16_autocast():
+    inputs = [t.float() for t in step_inputs(2, 4)]
+    plain, _ = FusedDeltaSteps.apply(inputs[0], 1e-5, *inputs[1:])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast, _ = FusedDeltaSteps.apply(inputs[0], 1e-5, *inputs[1:])
+    assert autocast.dtype == torch.float32 and torch.equal(autocast, plain)
 
 
 def test_n_h_1_is_the_paper_model_with_its_signature():

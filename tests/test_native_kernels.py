@@ -37,7 +37,11 @@ def op_calls(ops, B: int, T: int) -> dict:
     taps = torch.randn(D, DV, L, generator=g).transpose(0, 1)                   # not contiguous, as the model's
     G, g_x = torch.randn(B, T, DV, D, generator=g), torch.randn(B, T, D, generator=g)
     _, _, rho, q = ops.update_forward(X, k_raw, beta, v, K_EPS ** 2)
+    steps = ([k_raw, -k_raw], [beta, 1 - beta], [v, v.flip(-1)])                 # two DeltaProduct steps
+    _, w_by_step, rho_by_step, q_by_step = ops.update_steps_forward(X, *steps, K_EPS ** 2)
     calls = {"update_forward": (X, k_raw, beta, v, K_EPS ** 2), "update_backward": (G, w, X, k_raw, beta, v, rho, q),
+             "update_steps_forward": (X, *steps, K_EPS ** 2),
+             "update_steps_backward": (G, w_by_step, X, *steps, rho_by_step, q_by_step),
              "read_forward": (X, taps), "read_backward": (g_x, X, taps), "rank_one_forward": (w, k_raw, taps),
              "rank_one_backward": (g_x, w, k_raw, taps), "expand_forward": (k_raw, taps),
              "expand_backward": (G, k_raw, taps),

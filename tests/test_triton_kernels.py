@@ -17,7 +17,8 @@ import torch
 
 from ddl.model import GPT, model_config
 from ddl.model import fused
-from ddl.model.delta import delta_update, expand_state, rank_one_read, state_read
+from ddl.model.delta import delta_update, delta_update_steps, expand_state, rank_one_read, state_read
+from ddl.model.fused import eager
 from tests.conftest import TEST_DEVICE
 
 DEVICE = TEST_DEVICE
@@ -87,6 +88,36 @@ def test_update_matches_the_plain_form(dv, dtype):
             assert_near(a, b, f"dL/d{name} (dL/dw {'given' if cotangent_w is not None else 'absent'})")
 
 
+def update_steps_plain(X, *steps, k_eps):
+    """delta_update_steps on flat (k~_1, beta_1, v_1, k~_2, ...) -> (X_S, w stacked by step (B,T,S,dv))."""
+    X, ws = delta_update_steps(X, list(zip(steps[0::3], steps[1::3], steps[2::3], strict=True)), k_eps)
+    return X, torch.stack(ws, 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dv", [1, 4])
+def test_update_steps_match_the_plain_form(dv, dtype):
+    """A DeltaProduct sublayer's S = 3 updates in one kernel: X_S and each step's w, and the gradients of
+    X and every step's k~, beta, v, against the plain steps one after another."""
+    S = 3
+    X, *steps = tensors(13, dtype, (B, T, dv, D), *[(B, T, D), (B, T, 1), (B, T, dv)] * S, positive=(2, 5, 8))
+    G, g_w = tensors(14, dtype, (B, T, dv, D), (B, T, S, dv))
+    h, beta, v = steps[0::3], steps[1::3], steps[2::3]
+    (X_new, w), grads = reference(update_steps_plain, [X, *steps], [G, g_w], k_eps=K_EPS)
+    out = ops.update_steps_forward(X, h, beta, v, K_EPS ** 2)
+    for name, a, b in zip(("X_S", "w"), out[:2], (X_new, w), strict=True):
+        assert_near(a, b, name)
+    # rho and q as the forward saves them, from the float64 steps, in fp32 (see test_update_matches_the_plain_form)
+    as_float64 = [[t.double() for t in step_inputs] for step_inputs in (h, beta, v)]
+    _, _, rho, q = eager.update_steps_forward(X.double(), *as_float64, K_EPS ** 2)
+    got = ops.update_steps_backward(G, g_w, X, h, beta, v, rho.float(), q.float())
+    assert_near(got[0], grads[0], "dL/dX")
+    for n, name in enumerate(("k~", "beta", "v")):
+        stacked = got[n + 1] if name != "beta" else got[n + 1].unsqueeze(-1)
+        for s in range(S):
+            assert_near(stacked[:, :, s], grads[1 + 3 * s + n], f"dL/d{name} of step {s + 1}")
+
+
 def check_depthwise_op(forward, backward, plain, inputs, seed):
     """forward(*inputs) equals plain(*inputs), and backward(g, *inputs) its inputs' gradients."""
     out = forward(*inputs)
@@ -143,7 +174,10 @@ def test_the_ops_declare_their_outputs_for_torch_compile():
     X, h, beta, v, w, A, G, g_x = tensors(11, torch.float32, (1, 3, dv, d), (1, 3, d), (1, 3, 1), (1, 3, dv),
                                           (1, 3, dv), (dv, d, L), (1, 3, dv, d), (1, 3, d), positive=(2,))
     _, _, rho, q = ops.update_forward(X, h, beta, v, K_EPS ** 2)
+    _, w_by_step, rho_by_step, q_by_step = ops.update_steps_forward(X, [h, h], [beta, beta], [v, v], K_EPS ** 2)
     calls = {"update_forward": (X, h, beta, v, K_EPS ** 2), "update_backward": (G, w, X, h, beta, v, rho, q),
+             "update_steps_forward": (X, [h, h], [beta, beta], [v, v], K_EPS ** 2),
+             "update_steps_backward": (G, w_by_step, X, [h, h], [beta, beta], [v, v], rho_by_step, q_by_step),
              "read_forward": (X, A), "read_backward": (g_x, X, A), "rank_one_forward": (w, h, A),
              "rank_one_backward": (g_x, w, h, A), "expand_forward": (h, A), "expand_backward": (G, h, A)}
     for name, args in calls.items():

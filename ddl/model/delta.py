@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .fused import FusedDeltaUpdate, FusedExpand, FusedRankOneRead, FusedStateRead, at_least_fp32, norm_projections
+from .fused import FusedExpand, FusedRankOneRead, FusedStateRead, at_least_fp32, norm_projections, update_steps
 
 
 def delta_update(X: torch.Tensor, k_raw: torch.Tensor, beta: torch.Tensor, v: torch.Tensor,
@@ -45,6 +45,18 @@ def delta_update(X: torch.Tensor, k_raw: torch.Tensor, beta: torch.Tensor, v: to
     proj = (X * k_raw.unsqueeze(-2)).sum(-1, dtype=acc) * rho              # k^T X: (B,T,dv)
     w = beta * (v.to(acc) - proj) * rho                                    # (B,T,dv)
     return X + w.to(X.dtype).unsqueeze(-1) * k_raw.to(X.dtype).unsqueeze(-2), w
+
+
+def delta_update_steps(X: torch.Tensor, steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], k_eps: float,
+                       update: Callable = delta_update) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A sublayer's Delta updates [(k~_s, beta_s, v_s)] in turn, X_s = update(X_{s-1}, k~_s, beta_s, v_s):
+    (X_S, [w_s]), so X_S = X + sum_s w_s k~_s^T. The plain form (with delta_update), the reference
+    fused.update_steps is tested against."""
+    writes = []
+    for k_raw, beta, v in steps:
+        X, w = update(X, k_raw, beta, v, k_eps)
+        writes.append(w)
+    return X, writes
 
 
 def _logit(p: float) -> float:
@@ -116,7 +128,7 @@ class DeltaResidual(nn.Module):
         self.phi_k = nn.Linear(d, d, bias=False) if cfg.mapping == "v" else None
         self.further = nn.ModuleList(FurtherDeltaStep(cfg) for _ in range(cfg.n_h - 1))
         self.beta_bias_init = _logit(cfg.beta_init / 2.0)
-        self.update = delta_kernels(cfg.kernels).update
+        self.update_steps = delta_kernels(cfg.kernels).update_steps
         self.last_betas: list[torch.Tensor] = []  # per step, (B,T,1), detached, for beta_stats()
 
     def gate_outputs(self) -> list[nn.Linear]:
@@ -144,11 +156,8 @@ class DeltaResidual(nn.Module):
     def forward(self, X: torch.Tensor, h: torch.Tensor, inp: SublayerInput):
         steps = [self.components(h, inp)] + [step.components(h, inp, self.v_scale) for step in self.further]
         self.last_betas = [beta.detach() for _, beta, _ in steps]
-        writes = []
-        for k_raw, beta, v in steps:                      # X <- (I - beta_j k_j k_j^T) X + beta_j k_j v_j^T
-            X, w = self.update(X, k_raw, beta, v, self.k_eps)
-            writes.append((w, k_raw))
-        return X, writes
+        X, ws = self.update_steps(X, steps, self.k_eps)   # X <- (I - beta_j k_j k_j^T) X + beta_j k_j v_j^T, j = 1..n_h
+        return X, [(w, k_raw) for w, (k_raw, _, _) in zip(ws, steps, strict=True)]
 
 
 def expand_state(x: torch.Tensor, E: torch.Tensor) -> torch.Tensor:
@@ -193,7 +202,7 @@ def rank_one_read(w: torch.Tensor, k_raw: torch.Tensor, A: torch.Tensor) -> torc
 
 class DeltaOps(NamedTuple):
     """The state's four ops, one implementation kind (ModelConfig.kernels)."""
-    update: Callable          # delta_update's signature
+    update_steps: Callable    # delta_update_steps's signature: a sublayer's n_h updates
     read: Callable            # state_read's
     rank_one_read: Callable   # rank_one_read's
     expand: Callable          # expand_state's
@@ -206,9 +215,9 @@ def delta_kernels(kind: str) -> DeltaOps:
     in both: the first touches only (B,T,d) tensors (and compiled it keeps w A for backward), the
     second runs once per forward."""
     if kind == "compiled":
-        return DeltaOps(torch.compile(delta_update), torch.compile(state_read), FusedRankOneRead.apply,
-                        FusedExpand.apply)
-    return DeltaOps(FusedDeltaUpdate.apply, FusedStateRead.apply, FusedRankOneRead.apply, FusedExpand.apply)
+        return DeltaOps(functools.partial(delta_update_steps, update=torch.compile(delta_update)),
+                        torch.compile(state_read), FusedRankOneRead.apply, FusedExpand.apply)
+    return DeltaOps(update_steps, FusedStateRead.apply, FusedRankOneRead.apply, FusedExpand.apply)
 
 
 class StateCompressor(nn.Module):

@@ -99,6 +99,47 @@ class FusedDeltaUpdate(torch.autograd.Function):
         return *(g.to(dtype) for g, dtype in zip(grads, ctx.dtypes, strict=True)), None
 
 
+class FusedDeltaSteps(torch.autograd.Function):
+    """The S >= 2 Delta updates of a DeltaProduct sublayer in one pass over the state, X_s = X_{s-1} + w_s k~_s^T
+    (each delta_update): (X, k_eps, k~_1, beta_1, v_1, ..., k~_S, beta_S, v_S) -> (X_S, w (B,T,S,dv)), in at
+    least fp32 whatever autocast says. The intermediate states are never stored: backward recomputes them
+    from X, rho and q (B,T,S,dv) and runs FusedDeltaUpdate's backward step by step in reverse."""
+
+    @staticmethod
+    def forward(ctx, X, k_eps: float, *steps):
+        with torch.autocast(X.device.type, enabled=False):
+            acc = at_least_fp32(X.dtype)
+            X_acc, *inputs = (t.to(acc) for t in (X, *steps))
+            X_new, w, rho, q = loops_for(X).update_steps_forward(X_acc, *_by_kind(inputs), k_eps ** 2)
+        ctx.save_for_backward(X_acc, *inputs, rho, q)
+        ctx.dtypes = [t.dtype for t in (X, *steps)]
+        return X_new.to(X.dtype), w
+
+    @staticmethod
+    def backward(ctx, G, g_w):
+        X, *inputs, rho, q = ctx.saved_tensors
+        with torch.autocast(G.device.type, enabled=False):
+            g_X, g_h, g_beta, g_v = loops_for(X).update_steps_backward(G.to(X.dtype), g_w, X, *_by_kind(inputs), rho, q)
+        grads = [g_X] + [g for s in range(g_h.size(2)) for g in (g_h[:, :, s], g_beta[:, :, s, None], g_v[:, :, s])]
+        g_X, *step_grads = (g.to(dtype) for g, dtype in zip(grads, ctx.dtypes, strict=True))
+        return g_X, None, *step_grads
+
+
+def _by_kind(steps: list) -> tuple[list, list, list]:
+    """(k~_1, beta_1, v_1, k~_2, ...) -> ([k~_s], [beta_s], [v_s])."""
+    return steps[0::3], steps[1::3], steps[2::3]
+
+
+def update_steps(X, steps, k_eps: float):
+    """A sublayer's Delta updates [(k~_s, beta_s, v_s)] in turn -> (X_S, [w_s]) (see delta.delta_update_steps):
+    one update is FusedDeltaUpdate, more are FusedDeltaSteps, one pass over the state for all of them."""
+    if len(steps) == 1:
+        X, w = FusedDeltaUpdate.apply(X, *steps[0], k_eps)
+        return X, [w]
+    X, w = FusedDeltaSteps.apply(X, k_eps, *(t for step in steps for t in step))
+    return X, list(w.unbind(2))
+
+
 def _keeping_inputs(name: str, op: str, doc: str) -> type[torch.autograd.Function]:
     """An autograd Function that saves its inputs and runs the loops' <op>_forward(*inputs), then
     <op>_backward(g, *inputs): what the three ops that need nothing else for backward share."""

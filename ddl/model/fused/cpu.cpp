@@ -5,7 +5,8 @@
 // token stored transposed; h (B,T,d) the raw key k~; beta, rho (B,T,1); v, w, q (B,T,dv); A (dv,d,L)
 // a compressor's taps and E (dv,d,L) the EC expander's, tap L-1 weighing the current token (lag 0). With rho = 1/sqrt(|k~|^2 + eps^2)
 // the unit key is k = rho k~, and the update X + beta k (v^T - k^T X) is X + w k~^T with
-// w = beta rho (v - rho q), q = X k~ (the per-channel dot products).
+// w = beta rho (v - rho q), q = X k~ (the per-channel dot products). update_steps applies a DeltaProduct
+// sublayer's S updates in turn, one k~, beta, v a step, its w, rho, q stacked by step: (B,T,S,dv), (B,T,S).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -73,26 +74,66 @@ Tensor taps_from_lags(const Tensor& A_lag) { return A_lag.permute({1, 2, 0}).fli
 
 // ---- the loops, per token; n is the flat token index b*T + t ----
 
+// w_j = beta rho (v_j - rho q_j): one channel's write, in the forward and where a backward recomputes it.
+template <typename T>
+inline T write_coefficient(T b, T r, T v, T q) { return b * r * (v - r * q); }
+
+// One token's update, Y = X + w k~^T, with its rho, w and q: X and Y its (dv, d) rows (Y may be X).
+template <typename T>
+inline void update_token(const T* X, const T* k, T b, const T* v, T eps2, T* Y, T* w, T* rho, T* q, int64_t dv,
+                         int64_t d) {
+  const T r = 1 / std::sqrt(dot(k, k, d) + eps2);
+  *rho = r;
+  for (int64_t j = 0; j < dv; ++j) {
+    const T* Xj = X + j * d;
+    T* Yj = Y + j * d;
+    const T qj = dot(Xj, k, d);
+    const T wj = write_coefficient(b, r, v[j], qj);
+    q[j] = qj;
+    w[j] = wj;
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) Yj[i] = Xj[i] + wj * k[i];
+  }
+}
+
+// One token's update backward: G its dL/dY rows, g_w its dL/dw (or null); writes dL/dX (g_X, which may be G),
+// dL/dk~ (g_k), dL/dbeta and dL/dv. w and g_q: dv numbers of scratch.
+template <typename T>
+inline void update_token_backward(const T* G, const T* g_w, const T* X, const T* k, T b, const T* v, T r, const T* q,
+                                  T* g_X, T* g_k, T* g_beta, T* g_v, T* w, T* g_q, int64_t dv, int64_t d) {
+  T g_b = 0, g_r = 0;                                         // dL/dbeta, dL/drho
+  for (int64_t j = 0; j < dv; ++j) {
+    const T g_wj = dot(G + j * d, k, d) + (g_w ? g_w[j] : 0);  // G_j . k~ + dL/dw_j
+    const T res = v[j] - r * q[j];                             // v_j - k^T X_j
+    const T g_res = g_wj * b * r;
+    w[j] = b * r * res;
+    g_q[j] = -g_res * r;
+    g_v[j] = g_res;
+    g_b += g_wj * r * res;
+    g_r += g_wj * b * res - g_res * q[j];
+  }
+  *g_beta = g_b;
+  const T g_kr = -g_r * r * r * r;                            // through rho = (|k~|^2 + eps^2)^(-1/2): -rho^3 k~
+#pragma omp simd
+  for (int64_t i = 0; i < d; ++i) g_k[i] = g_kr * k[i];
+  for (int64_t j = 0; j < dv; ++j) {
+    const T *Gj = G + j * d, *Xj = X + j * d, wj = w[j], gqj = g_q[j];
+    T* gXj = g_X + j * d;
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) {
+      g_k[i] += wj * Gj[i] + gqj * Xj[i];                     // before g_X: g_X may be G
+      gXj[i] = Gj[i] + gqj * k[i];
+    }
+  }
+}
+
 template <typename T>
 void update_forward_loop(const T* X, const T* h, const T* beta, const T* v, T eps2, T* X_new, T* w, T* rho, T* q,
                          int64_t N, int64_t dv, int64_t d) {
   at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
-    for (int64_t n = first; n < last; ++n) {
-      const T* k = h + n * d;
-      const T r = 1 / std::sqrt(dot(k, k, d) + eps2);
-      rho[n] = r;
-      for (int64_t j = 0; j < dv; ++j) {
-        const int64_t nj = n * dv + j;
-        const T* Xj = X + nj * d;
-        T* Yj = X_new + nj * d;
-        const T qj = dot(Xj, k, d);
-        const T wj = beta[n] * r * (v[nj] - r * qj);
-        q[nj] = qj;
-        w[nj] = wj;
-#pragma omp simd
-        for (int64_t i = 0; i < d; ++i) Yj[i] = Xj[i] + wj * k[i];
-      }
-    }
+    for (int64_t n = first; n < last; ++n)
+      update_token(X + n * dv * d, h + n * d, beta[n], v + n * dv, eps2, X_new + n * dv * d, w + n * dv, rho + n,
+                   q + n * dv, dv, d);
   });
 }
 
@@ -101,33 +142,60 @@ void update_backward_loop(const T* G, const T* g_w, const T* X, const T* h, cons
                           const T* q, T* g_X, T* g_h, T* g_beta, T* g_v, int64_t N, int64_t dv, int64_t d) {
   at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
     std::vector<T> w(dv), g_q(dv);
+    for (int64_t n = first; n < last; ++n)
+      update_token_backward(G + n * dv * d, g_w ? g_w + n * dv : nullptr, X + n * dv * d, h + n * d, beta[n],
+                            v + n * dv, rho[n], q + n * dv, g_X + n * dv * d, g_h + n * d, g_beta + n, g_v + n * dv,
+                            w.data(), g_q.data(), dv, d);
+  });
+}
+
+// The S updates of a sublayer, X_s = X_{s-1} + w_s k~_s^T, one token at a time: its rows stay in cache from
+// step to step. Step s's inputs: h[s] (B,T,d), beta[s] (B,T,1), v[s] (B,T,dv); its w, rho, q are [.., s, ..]
+// of w (B,T,S,dv), rho (B,T,S), q (B,T,S,dv).
+template <typename T>
+void update_steps_forward_loop(const T* X, const std::vector<const T*>& h, const std::vector<const T*>& beta,
+                               const std::vector<const T*>& v, T eps2, T* X_new, T* w, T* rho, T* q, int64_t N,
+                               int64_t dv, int64_t d) {
+  const int64_t S = h.size();
+  at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
     for (int64_t n = first; n < last; ++n) {
-      const T *k = h + n * d, r = rho[n], b = beta[n];
-      T g_b = 0, g_r = 0;                                     // dL/dbeta, dL/drho
-      for (int64_t j = 0; j < dv; ++j) {
-        const int64_t nj = n * dv + j;
-        const T g_wj = dot(G + nj * d, k, d) + (g_w ? g_w[nj] : 0);  // G_j . k~ + dL/dw_j
-        const T res = v[nj] - r * q[nj];                              // v_j - k^T X_j
-        const T g_res = g_wj * b * r;
-        w[j] = b * r * res;
-        g_q[j] = -g_res * r;
-        g_v[nj] = g_res;
-        g_b += g_wj * r * res;
-        g_r += g_wj * b * res - g_res * q[nj];
+      T* Y = X_new + n * dv * d;
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t ns = n * S + s;
+        update_token(s == 0 ? X + n * dv * d : Y, h[s] + n * d, beta[s][n], v[s] + n * dv, eps2, Y, w + ns * dv,
+                     rho + ns, q + ns * dv, dv, d);
       }
-      g_beta[n] = g_b;
-      const T g_k = -g_r * r * r * r;                         // through rho = (|k~|^2 + eps^2)^(-1/2): -rho^3 k~
-      T* gk = g_h + n * d;
+    }
+  });
+}
+
+// Its backward: X_1 .. X_{S-1} recomputed from X (the forward's bits), then the steps' backwards in reverse,
+// dL/dX_s carried in g_X's rows. g_h (B,T,S,d), g_beta (B,T,S), g_v (B,T,S,dv); g_w (B,T,S,dv) or null.
+template <typename T>
+void update_steps_backward_loop(const T* G, const T* g_w, const T* X, const std::vector<const T*>& h,
+                                const std::vector<const T*>& beta, const std::vector<const T*>& v, const T* rho,
+                                const T* q, T* g_X, T* g_h, T* g_beta, T* g_v, int64_t N, int64_t dv, int64_t d) {
+  const int64_t S = h.size();
+  at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
+    std::vector<T> states((S - 1) * dv * d), w(dv), g_q(dv);
+    for (int64_t n = first; n < last; ++n) {
+      auto state = [&](int64_t s) { return s == 0 ? X + n * dv * d : states.data() + (s - 1) * dv * d; };
+      for (int64_t s = 1; s < S; ++s) {                       // X_s = X_{s-1} + w_s k~_s^T
+        const int64_t ns = n * S + s - 1;
+        const T *k = h[s - 1] + n * d, *Xp = state(s - 1);
+        T* Xs = states.data() + (s - 1) * dv * d;
+        for (int64_t j = 0; j < dv; ++j) {
+          const T wj = write_coefficient(beta[s - 1][n], rho[ns], v[s - 1][n * dv + j], q[ns * dv + j]);
 #pragma omp simd
-      for (int64_t i = 0; i < d; ++i) gk[i] = g_k * k[i];
-      for (int64_t j = 0; j < dv; ++j) {
-        const T *Gj = G + (n * dv + j) * d, *Xj = X + (n * dv + j) * d, wj = w[j], gqj = g_q[j];
-        T* gXj = g_X + (n * dv + j) * d;
-#pragma omp simd
-        for (int64_t i = 0; i < d; ++i) {
-          gXj[i] = Gj[i] + gqj * k[i];
-          gk[i] += wj * Gj[i] + gqj * Xj[i];
+          for (int64_t i = 0; i < d; ++i) Xs[j * d + i] = Xp[j * d + i] + wj * k[i];
         }
+      }
+      T* gX = g_X + n * dv * d;
+      for (int64_t s = S - 1; s >= 0; --s) {
+        const int64_t ns = n * S + s;
+        update_token_backward(s == S - 1 ? G + n * dv * d : gX, g_w ? g_w + ns * dv : nullptr, state(s), h[s] + n * d,
+                              beta[s][n], v[s] + n * dv, rho[ns], q + ns * dv, gX, g_h + ns * d, g_beta + ns,
+                              g_v + ns * dv, w.data(), g_q.data(), dv, d);
       }
     }
   });
@@ -371,6 +439,74 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> update_backward(const Tensor& G_, con
   return {g_X, g_h, g_beta, g_v};
 }
 
+// The steps' inputs, each checked and contiguous: h[s] (B,T,d), beta[s] (B,T,1), v[s] (B,T,dv).
+struct Steps {
+  std::vector<Tensor> h, beta, v;
+
+  Steps(const Tensor& X, at::TensorList h_, at::TensorList beta_, at::TensorList v_) {
+    TORCH_CHECK(!h_.empty() && h_.size() == beta_.size() && h_.size() == v_.size(),
+                "ddl_delta: one k~, beta and v per step");
+    for (size_t s = 0; s < h_.size(); ++s) {
+      h.push_back(h_[s].contiguous()), beta.push_back(beta_[s].contiguous()), v.push_back(v_[s].contiguous());
+      check_state(X, h[s]);
+      check_shape(beta[s], {X.size(0), X.size(1), 1}, "beta");
+      check_shape(v[s], {X.size(0), X.size(1), X.size(2)}, "v");
+    }
+  }
+
+  template <typename T>
+  static std::vector<const T*> ptrs(const std::vector<Tensor>& ts) {
+    std::vector<const T*> out;
+    for (const Tensor& t : ts) out.push_back(t.const_data_ptr<T>());
+    return out;
+  }
+};
+
+// The S updates of a sublayer in one pass: X_new, and w (B,T,S,dv), rho (B,T,S), q (B,T,S,dv) by step.
+std::tuple<Tensor, Tensor, Tensor, Tensor> update_steps_forward(const Tensor& X_, at::TensorList h_,
+                                                                at::TensorList beta_, at::TensorList v_, double eps2) {
+  const Tensor X = X_.contiguous();
+  TORCH_CHECK(X.dim() == 4, "ddl_delta: the state is (B,T,dv,d)");
+  const Steps steps(X, h_, beta_, v_);
+  const int64_t B = X.size(0), T = X.size(1), dv = X.size(2), d = X.size(3), S = steps.h.size();
+  Tensor X_new = at::empty_like(X), w = at::empty({B, T, S, dv}, X.options()), rho = at::empty({B, T, S}, X.options());
+  Tensor q = at::empty_like(w);
+  AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "ddl_delta::update_steps_forward", [&] {
+    update_steps_forward_loop<scalar_t>(ptr<scalar_t>(X), Steps::ptrs<scalar_t>(steps.h),
+                                        Steps::ptrs<scalar_t>(steps.beta), Steps::ptrs<scalar_t>(steps.v), eps2,
+                                        X_new.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), rho.data_ptr<scalar_t>(),
+                                        q.data_ptr<scalar_t>(), B * T, dv, d);
+  });
+  return {X_new, w, rho, q};
+}
+
+// Gradients of update_steps_forward's (X_new, w) for X and the steps' k~, beta, v (stacked by step, as w).
+std::tuple<Tensor, Tensor, Tensor, Tensor> update_steps_backward(const Tensor& G_, const std::optional<Tensor>& g_w_,
+                                                                 const Tensor& X_, at::TensorList h_,
+                                                                 at::TensorList beta_, at::TensorList v_,
+                                                                 const Tensor& rho_, const Tensor& q_) {
+  const Tensor G = G_.contiguous(), X = X_.contiguous(), rho = rho_.contiguous(), q = q_.contiguous();
+  const Tensor g_w = g_w_ ? g_w_->contiguous() : Tensor();
+  TORCH_CHECK(X.dim() == 4, "ddl_delta: the state is (B,T,dv,d)");
+  const Steps steps(X, h_, beta_, v_);
+  const int64_t B = X.size(0), T = X.size(1), dv = X.size(2), d = X.size(3), S = steps.h.size();
+  check_shape(G, X.sizes(), "dL/dX");
+  check_shape(rho, {B, T, S}, "rho");
+  check_shape(q, {B, T, S, dv}, "q");
+  if (g_w.defined()) check_shape(g_w, q.sizes(), "dL/dw");
+  Tensor g_X = at::empty_like(X), g_h = at::empty({B, T, S, d}, X.options()), g_beta = at::empty_like(rho);
+  Tensor g_v = at::empty_like(q);
+  AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "ddl_delta::update_steps_backward", [&] {
+    update_steps_backward_loop<scalar_t>(ptr<scalar_t>(G), g_w.defined() ? ptr<scalar_t>(g_w) : nullptr,
+                                         ptr<scalar_t>(X), Steps::ptrs<scalar_t>(steps.h),
+                                         Steps::ptrs<scalar_t>(steps.beta), Steps::ptrs<scalar_t>(steps.v),
+                                         ptr<scalar_t>(rho), ptr<scalar_t>(q), g_X.data_ptr<scalar_t>(),
+                                         g_h.data_ptr<scalar_t>(), g_beta.data_ptr<scalar_t>(),
+                                         g_v.data_ptr<scalar_t>(), B * T, dv, d);
+  });
+  return {g_X, g_h, g_beta, g_v};
+}
+
 Tensor read_forward(const Tensor& X_, const Tensor& A) {
   TORCH_CHECK(X_.dim() == 4, "ddl_delta: the state is (B,T,dv,d)");
   check_taps(A, X_.size(2), X_.size(3));
@@ -512,6 +648,10 @@ TORCH_LIBRARY(ddl_delta, m) {
   m.def("update_forward(Tensor X, Tensor h, Tensor beta, Tensor v, float eps2) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("update_backward(Tensor G, Tensor? g_w, Tensor X, Tensor h, Tensor beta, Tensor v, Tensor rho, Tensor q)"
         " -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("update_steps_forward(Tensor X, Tensor[] h, Tensor[] beta, Tensor[] v, float eps2)"
+        " -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("update_steps_backward(Tensor G, Tensor? g_w, Tensor X, Tensor[] h, Tensor[] beta, Tensor[] v, Tensor rho,"
+        " Tensor q) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("read_forward(Tensor X, Tensor A) -> Tensor");
   m.def("read_backward(Tensor g, Tensor X, Tensor A) -> (Tensor, Tensor)");
   m.def("rank_one_forward(Tensor w, Tensor h, Tensor A) -> Tensor");
@@ -526,6 +666,8 @@ TORCH_LIBRARY(ddl_delta, m) {
 TORCH_LIBRARY_IMPL(ddl_delta, CPU, m) {
   m.impl("update_forward", update_forward);
   m.impl("update_backward", update_backward);
+  m.impl("update_steps_forward", update_steps_forward);
+  m.impl("update_steps_backward", update_steps_backward);
   m.impl("read_forward", read_forward);
   m.impl("read_backward", read_backward);
   m.impl("rank_one_forward", rank_one_forward);

@@ -15,8 +15,13 @@ def update_forward(X, h, beta, v, eps2: float):
     k = h.unsqueeze(-2)                                                          # (B,T,1,d)
     rho = torch.rsqrt(torch.linalg.vecdot(h, h).unsqueeze(-1) + eps2)           # 1 / sqrt(|k~|^2 + eps^2)
     q = torch.linalg.vecdot(X, k)                                                # (B,T,dv)
-    w = beta * rho * (v - rho * q)
+    w = write_coefficient(beta, rho, v, q)
     return torch.addcmul(X, w.unsqueeze(-1), k), w, rho, q
+
+
+def write_coefficient(beta, rho, v, q):
+    """w = beta rho (v - rho q): the write's coefficients, in the forward and where a backward recomputes them."""
+    return beta * rho * (v - rho * q)
 
 
 def update_backward(G, g_w, X, h, beta, v, rho, q):
@@ -33,6 +38,34 @@ def update_backward(G, g_w, X, h, beta, v, rho, q):
     for j in range(X.size(-2)):                                                  # sum_j w_j G_j + g_q_j X_j
         g_h.addcmul_(G[..., j, :], beta * rho * res[..., j:j + 1]).addcmul_(X[..., j, :], g_q[..., j:j + 1])
     return g_X, g_h, g_beta, g_res
+
+
+def update_steps_forward(X, h, beta, v, eps2: float):
+    """The S updates of a sublayer in turn, step s's k~, beta, v = h[s], beta[s], v[s]: X_S and each step's
+    w, rho, q stacked by step, (B,T,S,dv), (B,T,S), (B,T,S,dv)."""
+    by_step = []
+    for step in zip(h, beta, v, strict=True):
+        X, *w_rho_q = update_forward(X, *step, eps2)
+        by_step.append(w_rho_q)
+    w, rho, q = (torch.stack(t, 2) for t in zip(*by_step, strict=True))
+    return X, w, rho.squeeze(-1), q
+
+
+def update_steps_backward(G, g_w, X, h, beta, v, rho, q):
+    """Gradients of update_steps_forward's (X_S, w) for X and each step's k~, beta, v (stacked by step, as w):
+    the states X_1 .. X_{S-1} recomputed from X, then each step's backward in reverse."""
+    rho = rho.unsqueeze(-1)
+    states = [X]
+    for s in range(len(h) - 1):                                                  # X_s = X_{s-1} + w_s k~_s^T
+        w = write_coefficient(beta[s], rho[:, :, s], v[s], q[:, :, s])
+        states.append(torch.addcmul(states[-1], w.unsqueeze(-1), h[s].unsqueeze(-2)))
+    grads = []
+    for s in reversed(range(len(h))):
+        G, *step_grads = update_backward(G, None if g_w is None else g_w[:, :, s], states[s], h[s], beta[s], v[s],
+                                         rho[:, :, s], q[:, :, s])
+        grads.append(step_grads)
+    g_h, g_beta, g_v = (torch.stack(t[::-1], 2) for t in zip(*grads, strict=True))
+    return G, g_h, g_beta.squeeze(-1), g_v
 
 
 def read_forward(X, A):

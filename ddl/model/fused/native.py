@@ -75,9 +75,16 @@ def _register_fakes() -> None:
     def new(t, shape=None):
         return t.new_empty(t.shape if shape is None else shape)
 
+    def by_step(X, steps):                            # w, rho, q of update_steps_forward
+        B, T, dv, _ = X.shape
+        return new(X, (B, T, steps, dv)), new(X, (B, T, steps)), new(X, (B, T, steps, dv))
+
     fakes = {
         "update_forward": lambda X, h, beta, v, eps2: (new(X), new(v), new(beta), new(v)),
         "update_backward": lambda G, g_w, X, h, beta, v, rho, q: (new(X), new(h), new(beta), new(v)),
+        "update_steps_forward": lambda X, h, beta, v, eps2: (new(X), *by_step(X, len(h))),
+        "update_steps_backward": lambda G, g_w, X, h, beta, v, rho, q: (new(X), new(X, rho.shape + X.shape[3:]),
+                                                                         new(rho), new(q)),
         "read_forward": lambda X, A: new(X, X.shape[:2] + X.shape[3:]),
         "read_backward": lambda g, X, A: (new(X), new(A)),
         "rank_one_forward": lambda w, h, A: new(h),

@@ -33,44 +33,40 @@ FEATURES_PER_BLOCK = 64     # features (along d) per program of the depthwise op
 # ---- the update: one program per token n, its (dv, d) tile in registers ----
 
 @triton.jit
-def _update_inputs(X, h, beta, v, dv, d, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+def _step_inputs(h, beta, v, row, j, i, in_dv, in_d, dv, d):
+    """k~, beta and v of one update as fp32: row n (one update a token) or n * S + s (step s of S)."""
+    k = tl.load(h + row * d + i, mask=in_d, other=0.0).to(tl.float32)
+    b = tl.load(beta + row).to(tl.float32)
+    v_n = tl.load(v + row * dv + j, mask=in_dv, other=0.0).to(tl.float32)
+    return k, b, v_n
+
+
+@triton.jit
+def _update_inputs(X, dv, d, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
     """This program's token n, its channel and feature indices and masks, the offsets of its (dv, d)
-    tile, and its k~, X tile, beta and v as fp32."""
+    tile, and its X tile as fp32."""
     n = tl.program_id(0).to(tl.int64)
     j, i = tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_D)
     in_dv, in_d = j < dv, i < d
     tile = (n * dv + j[:, None]) * d + i[None, :]
     in_tile = in_dv[:, None] & in_d[None, :]
-    k = tl.load(h + n * d + i, mask=in_d, other=0.0).to(tl.float32)
     X_n = tl.load(X + tile, mask=in_tile, other=0.0).to(tl.float32)
-    b = tl.load(beta + n).to(tl.float32)
-    v_n = tl.load(v + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
-    return n, j, i, in_dv, in_d, tile, in_tile, k, X_n, b, v_n
+    return n, j, i, in_dv, in_d, tile, in_tile, X_n
 
 
 @triton.jit
-def _update_forward_kernel(X, h, beta, v, X_new, w, rho, q, eps2, dv, d,
-                           BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
-    n, j, i, in_dv, in_d, tile, in_tile, k, X_n, b, v_n = _update_inputs(X, h, beta, v, dv, d, BLOCK_DV, BLOCK_D)
+def _step_forward(X_n, k, b, v_n, eps2):
+    """One update of a (dv, d) tile: X + w k~^T, w, rho, q."""
     r = 1.0 / tl.sqrt(tl.sum(k * k) + eps2)                       # rho = 1 / sqrt(|k~|^2 + eps^2)
     q_n = tl.sum(X_n * k[None, :], axis=1)                        # X_j . k~
     w_n = b * r * (v_n - r * q_n)
-    tl.store(X_new + tile, (X_n + w_n[:, None] * k[None, :]).to(X_new.dtype.element_ty), mask=in_tile)
-    tl.store(w + n * dv + j, w_n.to(w.dtype.element_ty), mask=in_dv)
-    tl.store(q + n * dv + j, q_n.to(q.dtype.element_ty), mask=in_dv)
-    tl.store(rho + n, r.to(rho.dtype.element_ty))
+    return X_n + w_n[:, None] * k[None, :], w_n, r, q_n
 
 
 @triton.jit
-def _update_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, dv, d,
-                            HAS_G_W: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
-    n, j, i, in_dv, in_d, tile, in_tile, k, X_n, b, v_n = _update_inputs(X, h, beta, v, dv, d, BLOCK_DV, BLOCK_D)
-    G_n = tl.load(G + tile, mask=in_tile, other=0.0).to(tl.float32)
-    r = tl.load(rho + n).to(tl.float32)
-    q_n = tl.load(q + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
-    g_w_n = tl.sum(G_n * k[None, :], axis=1)                      # dL/dw_j = G_j . k~ + g_w_j
-    if HAS_G_W:
-        g_w_n += tl.load(g_w + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
+def _step_backward(G_n, g_w_n, X_n, k, b, v_n, r, q_n):
+    """One update's backward, given G = dL/dX_new and dL/dw: dL/dX, dL/dk~, dL/dbeta, dL/dv."""
+    g_w_n += tl.sum(G_n * k[None, :], axis=1)                     # dL/dw_j = G_j . k~ + g_w_j
     res = v_n - r * q_n                                           # v_j - k^T X_j
     g_res = g_w_n * b * r                                         # = dL/dv_j
     g_q = -g_res * r
@@ -79,10 +75,83 @@ def _update_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v
     w_n = b * r * res
     # through rho: -rho^3 k~; then sum_j w_j G_j + g_q_j X_j
     g_k = -g_r * r * r * r * k + tl.sum(w_n[:, None] * G_n + g_q[:, None] * X_n, axis=0)
-    tl.store(g_X + tile, (G_n + g_q[:, None] * k[None, :]).to(g_X.dtype.element_ty), mask=in_tile)
+    return G_n + g_q[:, None] * k[None, :], g_k, g_b, g_res
+
+
+@triton.jit
+def _update_forward_kernel(X, h, beta, v, X_new, w, rho, q, eps2, dv, d,
+                           BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    n, j, i, in_dv, in_d, tile, in_tile, X_n = _update_inputs(X, dv, d, BLOCK_DV, BLOCK_D)
+    k, b, v_n = _step_inputs(h, beta, v, n, j, i, in_dv, in_d, dv, d)
+    X_n, w_n, r, q_n = _step_forward(X_n, k, b, v_n, eps2)
+    tl.store(X_new + tile, X_n.to(X_new.dtype.element_ty), mask=in_tile)
+    tl.store(w + n * dv + j, w_n.to(w.dtype.element_ty), mask=in_dv)
+    tl.store(q + n * dv + j, q_n.to(q.dtype.element_ty), mask=in_dv)
+    tl.store(rho + n, r.to(rho.dtype.element_ty))
+
+
+@triton.jit
+def _update_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, dv, d,
+                            HAS_G_W: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    n, j, i, in_dv, in_d, tile, in_tile, X_n = _update_inputs(X, dv, d, BLOCK_DV, BLOCK_D)
+    k, b, v_n = _step_inputs(h, beta, v, n, j, i, in_dv, in_d, dv, d)
+    G_n = tl.load(G + tile, mask=in_tile, other=0.0).to(tl.float32)
+    r = tl.load(rho + n).to(tl.float32)
+    q_n = tl.load(q + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
+    g_w_n = tl.zeros_like(q_n)
+    if HAS_G_W:
+        g_w_n += tl.load(g_w + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
+    g_X_n, g_k, g_b, g_res = _step_backward(G_n, g_w_n, X_n, k, b, v_n, r, q_n)
+    tl.store(g_X + tile, g_X_n.to(g_X.dtype.element_ty), mask=in_tile)
     tl.store(g_h + n * d + i, g_k.to(g_h.dtype.element_ty), mask=in_d)
     tl.store(g_beta + n, g_b.to(g_beta.dtype.element_ty))
     tl.store(g_v + n * dv + j, g_res.to(g_v.dtype.element_ty), mask=in_dv)
+
+
+# ---- a DeltaProduct sublayer's S updates: one program per token, its tile in registers from step to step;
+# the steps' inputs stacked by step, h (B,T,S,d), beta (B,T,S), v, w, q (B,T,S,dv), rho (B,T,S) ----
+
+@triton.jit
+def _update_steps_forward_kernel(X, h, beta, v, X_new, w, rho, q, eps2, S, dv, d,
+                                 BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    n, j, i, in_dv, in_d, tile, in_tile, X_n = _update_inputs(X, dv, d, BLOCK_DV, BLOCK_D)
+    for s in range(S):
+        row = n * S + s
+        k, b, v_n = _step_inputs(h, beta, v, row, j, i, in_dv, in_d, dv, d)
+        X_n, w_n, r, q_n = _step_forward(X_n, k, b, v_n, eps2)
+        tl.store(w + row * dv + j, w_n.to(w.dtype.element_ty), mask=in_dv)
+        tl.store(q + row * dv + j, q_n.to(q.dtype.element_ty), mask=in_dv)
+        tl.store(rho + row, r.to(rho.dtype.element_ty))
+    tl.store(X_new + tile, X_n.to(X_new.dtype.element_ty), mask=in_tile)
+
+
+@triton.jit
+def _update_steps_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, S, dv, d,
+                                  HAS_G_W: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The steps' backwards in reverse, dL/dX_s carried in registers; the state before step s recomputed as
+    X + sum over p < s of w_p k~_p^T (w_p from the saved rho and q), never stored."""
+    n, j, i, in_dv, in_d, tile, in_tile, X_0 = _update_inputs(X, dv, d, BLOCK_DV, BLOCK_D)
+    G_n = tl.load(G + tile, mask=in_tile, other=0.0).to(tl.float32)
+    for back in range(S):
+        s = S - 1 - back
+        X_n = X_0
+        for p in range(s):
+            k_p, b_p, v_p = _step_inputs(h, beta, v, n * S + p, j, i, in_dv, in_d, dv, d)
+            r_p = tl.load(rho + n * S + p).to(tl.float32)
+            q_p = tl.load(q + (n * S + p) * dv + j, mask=in_dv, other=0.0).to(tl.float32)
+            X_n += (b_p * r_p * (v_p - r_p * q_p))[:, None] * k_p[None, :]
+        row = n * S + s
+        k, b, v_n = _step_inputs(h, beta, v, row, j, i, in_dv, in_d, dv, d)
+        r = tl.load(rho + row).to(tl.float32)
+        q_n = tl.load(q + row * dv + j, mask=in_dv, other=0.0).to(tl.float32)
+        g_w_n = tl.zeros_like(q_n)
+        if HAS_G_W:
+            g_w_n += tl.load(g_w + row * dv + j, mask=in_dv, other=0.0).to(tl.float32)
+        G_n, g_k, g_b, g_res = _step_backward(G_n, g_w_n, X_n, k, b, v_n, r, q_n)
+        tl.store(g_h + row * d + i, g_k.to(g_h.dtype.element_ty), mask=in_d)
+        tl.store(g_beta + row, g_b.to(g_beta.dtype.element_ty))
+        tl.store(g_v + row * dv + j, g_res.to(g_v.dtype.element_ty), mask=in_dv)
+    tl.store(g_X + tile, G_n.to(g_X.dtype.element_ty), mask=in_tile)
 
 
 # ---- the depthwise ops: tiles (lag, channel j, feature i) of one token and block of features ----
@@ -278,6 +347,42 @@ def update_backward(G: torch.Tensor, g_w: Optional[torch.Tensor], X: torch.Tenso
     g_h, g_beta, g_v = (G.new_empty(B, T, n) for n in (d, 1, dv))
     wrap_triton(_update_backward_kernel)[(B * T,)](G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, dv, d,
                                                    HAS_G_W=has_g_w, **_update_grid(dv, d))
+    return g_X, g_h, g_beta, g_v
+
+
+def _stacked(h: list[torch.Tensor], beta: list[torch.Tensor], v: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The steps' inputs stacked by step: h (B,T,S,d), beta (B,T,S), v (B,T,S,dv)."""
+    return [torch.stack(h, 2), torch.cat(beta, -1), torch.stack(v, 2)]
+
+
+@triton_op("ddl_triton::update_steps_forward", mutates_args=())
+def update_steps_forward(X: torch.Tensor, h: list[torch.Tensor], beta: list[torch.Tensor], v: list[torch.Tensor],
+                         eps2: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """X_S, and w (B,T,S,dv), rho (B,T,S), q (B,T,S,dv) by step (see eager.update_steps_forward)."""
+    X = X.contiguous()
+    B, T, dv, d = X.shape
+    S = len(h)
+    X_new = torch.empty_like(X)
+    w, q, rho = X.new_empty(B, T, S, dv), X.new_empty(B, T, S, dv), X.new_empty(B, T, S)
+    wrap_triton(_update_steps_forward_kernel)[(B * T,)](X, *_stacked(h, beta, v), X_new, w, rho, q, eps2, S, dv, d,
+                                                        **_update_grid(dv, d))
+    return X_new, w, rho, q
+
+
+@triton_op("ddl_triton::update_steps_backward", mutates_args=())
+def update_steps_backward(G: torch.Tensor, g_w: Optional[torch.Tensor], X: torch.Tensor, h: list[torch.Tensor],
+                          beta: list[torch.Tensor], v: list[torch.Tensor], rho: torch.Tensor,
+                          q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of update_steps_forward's (X_S, w) for X and the steps' k~, beta, v, stacked by step."""
+    G, X, rho, q = (t.contiguous() for t in (G, X, rho, q))
+    has_g_w = g_w is not None
+    g_w = g_w.contiguous() if has_g_w else G                      # not read when absent
+    B, T, dv, d = X.shape
+    S = len(h)
+    g_X = torch.empty_like(G)
+    g_h, g_beta, g_v = G.new_empty(B, T, S, d), G.new_empty(B, T, S), G.new_empty(B, T, S, dv)
+    wrap_triton(_update_steps_backward_kernel)[(B * T,)](G, g_w, X, *_stacked(h, beta, v), rho, q, g_X, g_h, g_beta,
+                                                         g_v, S, dv, d, HAS_G_W=has_g_w, **_update_grid(dv, d))
     return g_X, g_h, g_beta, g_v
 
 
