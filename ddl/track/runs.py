@@ -97,8 +97,13 @@ class TrackedRun:
         self.journal.append("dataset", self.id, name=name, digest=digest, source=source, source_type="local",
                             profile=profile, context=context)
         dataset = Dataset(name=name, digest=digest, source_type="local", source=source, profile=profile)
-        self.client.log_inputs(self.id, datasets=[DatasetInput(dataset, tags=[InputTag("mlflow.data.context",
-                                                                                      context)])])
+        inputs = [DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])]
+        try:
+            self.client.log_inputs(self.id, datasets=inputs)
+        except Exception as err:   # two runs of one experiment adding the same dataset at once: it is there now
+            if "UNIQUE constraint" not in str(err) and "UniqueViolation" not in str(err):
+                raise
+            self.client.log_inputs(self.id, datasets=inputs)
 
     def log_file(self, path: Path, artifact_dir: str | None = None, keep_copy: bool = True) -> None:
         """An artifact: copied into the run folder (`keep_copy`, for files that change or go away), journaled
