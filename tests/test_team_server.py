@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import MLFLOW_TEAM, _running, private_team_server, run_cli
 
+# Every test on a server is marked slow: the first to run starts it (10-20 s on 2 cores).
 SMOKE = ["model=micro", "train=smoke", "train.steps=20"]
 SLURM = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
          "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=20"]
@@ -51,6 +52,7 @@ def answers(uri: str) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_a_run_logged_through_the_server_lands_in_postgresql_and_its_artifact_store(team_server, ddl_home):
     out = run_cli("ddl-run", *SMOKE, "experiment=team-store", env_extra={"MLFLOW_TRACKING_URI": team_server.uri})
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
@@ -63,6 +65,25 @@ def test_a_run_logged_through_the_server_lands_in_postgresql_and_its_artifact_st
     assert not (ddl_home / "mlflow.db").exists() and not (ddl_home / "mlartifacts").exists()
 
 
+@pytest.mark.slow
+def test_the_server_stops_and_starts_again_on_its_port_postgresql_untouched(team_server):
+    """stop_server() / start_server(): an outage of the MLflow server alone; it comes back on the same URI
+    with what PostgreSQL holds."""
+    import json
+    postgres = team_server.pids["postgres"]
+    team_server.stop_server()
+    assert not answers(team_server.uri) and _running(postgres)
+    assert query(team_server, "SELECT name FROM experiments WHERE name = 'Default'") == [("Default",)]
+    team_server.start_server()
+    with urllib.request.urlopen(f"{team_server.uri}/api/2.0/mlflow/experiments/search?max_results=1000") as answer:
+        names = {e["name"] for e in json.load(answer)["experiments"]}
+    assert names == {name for (name,) in query(team_server, "SELECT name FROM experiments "
+                                                            "WHERE lifecycle_stage = 'active'")}
+    assert team_server.pids["postgres"] == postgres and not [
+        name for name in team_server.pids if name.startswith("mlflow") and not _running(team_server.pids[name])]
+
+
+@pytest.mark.slow
 def test_status_and_down_act_on_what_their_own_directory_names(team_server, tmp_path):
     """status names the running server's PIDs and URI, a second `up` starts nothing, and `down` in a directory
     whose PID files name other processes (a copy of sleep named postgres, the session server's own PIDs)
