@@ -329,9 +329,8 @@ def _tables(folder: Path) -> dict:
 
 @pytest.mark.slow
 def test_a_sweeps_deleted_store_is_rebuilt_by_sync_with_every_point_and_the_same_report(ddl_home, tmp_path):
-    # One job at a time: jobs that log the same dataset together can race in MLflow's log_inputs (SQLite).
     sweep = run_cli("ddl-run", "-m", "residual=ddl,baseline", "dv=1,4", "model=micro", "train=smoke",
-                    "experiment=rebuild", "eval=offline", "eval.limit=5", "hydra.launcher.max_parallel=1")
+                    "experiment=rebuild", "eval=offline", "eval.limit=5")
     assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-2000:]
     before = _snapshot("rebuild")
     assert len(before) == 3 and all(any(k.startswith("eval/") for k in run[6]) for run in before.values())
