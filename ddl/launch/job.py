@@ -14,6 +14,7 @@ import platform
 import signal
 import socket
 import subprocess
+import time
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -314,10 +315,14 @@ def _signals_held():
 def _close_interrupted(run_dir, run, err: BaseException, log_path) -> None:
     """The run ends KILLED (a signal: Ctrl-C, SIGTERM) or FAILED with the error's first line."""
     from ..track import runs
+    from ..track.logger import StoreUnreachable
     from ..train import Interrupted
     first_line = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}".rstrip(": ")
     state = "KILLED" if isinstance(err, (KeyboardInterrupt, SystemExit, Interrupted)) else "FAILED"
     status.write(run_dir, state=state.lower(), error=first_line)
+    if isinstance(err, StoreUnreachable):    # waited for it long enough: the journal keeps the ending
+        run.journal.append("status", run.id, status=state, end_time=int(time.time() * 1000))
+        return
     try:
         runs.close_run(run, state, files=[log_path], error=first_line)
     except Exception as close_err:   # the store is down: the journal has the ending, `ddl-track sync` brings it

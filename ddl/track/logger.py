@@ -52,6 +52,7 @@ class MLflowLogger:
         self._last_hand_over = self._last_beat = time.monotonic()
         self.down_since: float | None = None
         self.outages: list[float] = []                    # seconds each outage lasted
+        self.gave_up = False                              # the store stayed down past the patience
         self._system = system_metrics_monitor(run.id)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
@@ -121,15 +122,17 @@ class MLflowLogger:
             if delivered and not self._pending:
                 return
             if time.monotonic() > deadline:
+                self.gave_up = True
                 raise StoreUnreachable(f"MLFLOW_TRACKING_URI={store.redacted(paths.tracking_uri())}: unreachable for "
                                        f"over {self.patience:.0f} s ({PATIENCE_ENV}); its {len(self._pending)} points "
                                        f"are in {self.run.run_dir / Journal.FILE}; the checkpoints are intact")
             time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
 
     def close(self) -> None:
-        self.flush()
-        self._uploads.wait(self.patience)
-        self._worker.shutdown()
+        if not self.gave_up:
+            self.flush()
+            self._uploads.wait(self.patience)
+        self._worker.shutdown(wait=not self.gave_up)
         if self._system is not None:
             self._system.finish()
             samples = self._system.aggregate_metrics()   # taken since it last logged: all of a short run's

@@ -1,0 +1,211 @@
+"""A team on one server: homes that share nothing but a real MLflow server (PostgreSQL, proxied artifacts).
+
+The server is the source of truth: what it holds FINISHED is not trained again by any home, another
+home's runs are never replaced, checkpoints travel with their runs, and an outage loses nothing.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from tests.conftest import VENV_BIN, run_cli
+
+MICRO = ["model=micro", "train=smoke", "train.steps=30"]
+SLURM = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
+         "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=20"]
+
+
+def home_env(server, home, **extra) -> dict:
+    return {"DDL_HOME": str(home), "MLFLOW_TRACKING_URI": server.uri, **extra}
+
+
+def server_runs(server, experiment: str):
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(server.uri)
+    found = client.get_experiment_by_name(experiment)
+    return client, ([] if found is None else client.search_runs([found.experiment_id]))
+
+
+def curve(client, run, key="train/loss"):
+    """(step, value) of every point of the run's curve: a step logged twice shows twice."""
+    return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+
+
+@pytest.mark.slow
+def test_homes_sharing_a_server_train_each_job_once_and_evaluate_and_report_each_others_runs(
+        team_server, slurm_cluster, system_slurm_decoys, tmp_path):
+    """Home a trains a sweep on the private SLURM cluster; home b's same sweep trains nothing and leaves a's
+    runs as they were; with a's folder gone, b evaluates a's run from its checkpoint artifact, and a third
+    home that shares no file with a writes the same report."""
+    a, b, c = (tmp_path / name for name in "abc")
+    sweep = ["-m", "residual=ddl,baseline", *MICRO, "experiment=team"]
+    first = run_cli("ddl-run", *sweep, *SLURM, env_extra={**home_env(team_server, a), **slurm_cluster.env()})
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "2 finished, 0 skipped" in first.stdout
+    client, trained = server_runs(team_server, "team")
+    assert sorted(r.info.status for r in trained) == ["FINISHED", "FINISHED"]
+    assert all(r.info.artifact_uri.startswith("mlflow-artifacts:/") for r in trained)
+    curves = {r.info.run_id: curve(client, r) for r in trained}
+
+    second = run_cli("ddl-run", *sweep, env_extra=home_env(team_server, b))
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "0 finished, 2 skipped" in second.stdout and "trained by" in second.stdout
+    assert not (b / "runs").exists() or not list((b / "runs").rglob("step_*.pt"))      # b trained nothing
+    client, after = server_runs(team_server, "team")
+    assert {r.info.run_id: r.info.status for r in after} == {r.info.run_id: "FINISHED" for r in trained}
+    assert {r.info.run_id: curve(client, r) for r in after} == curves
+
+    a_report, c_report = tmp_path / "report_a", tmp_path / "report_c"
+    assert run_cli("ddl-report", "--experiment", "team", "--out", str(a_report),
+                   env_extra=home_env(team_server, a)).returncode == 0
+    signature = next(r for r in trained if r.data.params["model.residual"] == "ddl").data.tags["ddl.signature"]
+    shutil.rmtree(a)
+    evaluated = run_cli("ddl-eval", signature, "--tasks", "ddl_continuation", "--limit", "5",
+                        env_extra=home_env(team_server, b))
+    assert evaluated.returncode == 0, evaluated.stdout[-3000:] + evaluated.stderr[-3000:]
+    assert "sha256 verified" in evaluated.stdout and "logged to MLflow run(s)" in evaluated.stdout
+    client, scored = server_runs(team_server, "team")
+    assert any("eval/0shot/ddl_continuation/reported" in r.data.metrics for r in scored)
+
+    reported = run_cli("ddl-report", "--experiment", "team", "--out", str(c_report), env_extra=home_env(team_server, c))
+    assert reported.returncode == 0, reported.stdout[-3000:] + reported.stderr[-3000:]
+    for table in (a_report / "team").glob("*.csv"):
+        if "eval" not in table.name:     # the evaluation came after a's report
+            assert (c_report / "team" / table.name).read_text() == table.read_text(), table.name
+    assert {p.name for p in (a_report / "team").glob("*.png")} <= {p.name for p in (c_report / "team").glob("*.png")}
+
+
+@pytest.mark.slow
+def test_a_run_another_home_is_training_is_left_to_it(team_server, tmp_path):
+    """A RUNNING run with a fresh heartbeat from another home: the sweep says who trains it, and trains nothing."""
+    env_a = home_env(team_server, tmp_path / "a")
+    job = ["model=micro", "train=smoke", "train.steps=4000", "train.eval_every=1000", "train.ckpt_every=1000",
+           "experiment=busy"]
+    busy = subprocess.Popen([str(VENV_BIN / "ddl-run"), *job], env={**os.environ, **env_a},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(r.info.status == "RUNNING"
+                                                 for r in server_runs(team_server, "busy")[1]):
+            time.sleep(1)
+        other = run_cli("ddl-run", "-m", *job, env_extra=home_env(team_server, tmp_path / "b", COLUMNS="300"))
+        assert other.returncode == 0, other.stdout[-3000:] + other.stderr[-3000:]
+        assert f"{socket.gethostname()}, {tmp_path / 'a'}; not started here" in other.stdout
+        assert "1 running elsewhere" in other.stdout
+        assert not list((tmp_path / "b").rglob("step_*.pt"))
+    finally:
+        busy.terminate()
+        busy.wait(timeout=120)
+
+
+@pytest.mark.slow
+def test_a_sweep_survives_a_server_outage_and_every_step_reaches_it_once(team_server, tmp_path):
+    """The MLflow server stops for 30 s while two jobs train: no job dies, the points logged meanwhile wait
+    and arrive once, and the sweep's output says what happened."""
+    home = tmp_path / "home"
+    steps = 6000         # a minute or more of training, around the outage
+    sweep = ["-m", "residual=ddl,baseline", "model=micro", "train=smoke", f"train.steps={steps}", "train.log_every=20",
+             "train.eval_every=2000", "train.ckpt_every=2000", "experiment=outage"]
+    outage = {}
+
+    def take_the_server_down():
+        deadline = time.time() + 300
+        while time.time() < deadline and not any(json.loads(p.read_text()).get("step", 0) > 100
+                                                 for p in home.glob("runs/*/status.json")):
+            time.sleep(0.5)
+        team_server.stop_server()
+        outage["stopped"] = time.time()
+        time.sleep(30)
+        team_server.start_server()
+        outage["started"] = time.time()
+
+    downtime = threading.Thread(target=take_the_server_down)
+    downtime.start()
+    out = run_cli("ddl-run", *sweep, env_extra=home_env(team_server, home, DDL_PROGRESS_S="5"))
+    downtime.join()
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert outage["started"] - outage["stopped"] >= 30
+    assert "2 finished" in out.stdout and "MLflow unreachable" in out.stdout and "was unreachable for" in out.stdout
+    client, runs = server_runs(team_server, "outage")
+    assert sorted(r.info.status for r in runs) == ["FINISHED", "FINISHED"]
+    for run in runs:
+        assert [step for step, _ in curve(client, run)] == list(range(20, steps + 1, 20))
+        assert [step for step, _ in curve(client, run, "val/loss")] == [2000, 4000, 6000]
+
+
+READER = """
+import os, sys, time
+from mlflow.tracking import MlflowClient
+client, errors, reads = MlflowClient(sys.argv[1]), 0, 0
+while not os.path.exists(sys.argv[3]):            # until the test says the sweep is over
+    try:
+        found = client.get_experiment_by_name(sys.argv[2])
+        for run in client.search_runs([found.experiment_id]) if found else []:
+            client.get_metric_history(run.info.run_id, "train/loss")
+            reads += 1
+    except Exception as err:
+        errors += 1
+        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+    time.sleep(0.2)
+print(f"{reads} {errors}")
+"""
+
+
+@pytest.mark.slow
+def test_sixteen_jobs_and_four_readers_at_once_against_the_server(team_server, tmp_path):
+    """16 jobs (2 at a time) log while 4 processes read through the REST API: no error anywhere, and every
+    run holds each of its steps once."""
+    stop = tmp_path / "stop"
+    readers = [subprocess.Popen([str(VENV_BIN / "python"), "-c", READER, team_server.uri, "load", str(stop)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    try:
+        out = run_cli("ddl-run", "-m", "seed=range(16)", "model=micro", "train=smoke", "train.warmup_steps=5",
+                      "hydra.launcher.max_parallel=2", "experiment=load",
+                      env_extra=home_env(team_server, tmp_path / "home"))
+    finally:
+        stop.touch()
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "16 finished, 0 skipped, 0 failed" in out.stdout
+    for reader in readers:
+        stdout, stderr = reader.communicate(timeout=120)
+        reads, errors = map(int, stdout.split())
+        assert reader.returncode == 0 and errors == 0 and reads > 16, stderr[-2000:]
+    client, runs = server_runs(team_server, "load")
+    assert len(runs) == 16 and {r.info.status for r in runs} == {"FINISHED"}
+    for run in runs:
+        assert [step for step, _ in curve(client, run)] == [5, 10, 15, 20]
+        assert [step for step, _ in curve(client, run, "val/loss")] == [10, 20]
+
+
+@pytest.mark.slow
+def test_a_server_that_stays_down_fails_the_job_in_one_line_with_its_checkpoint_intact(team_server, tmp_path):
+    home = tmp_path / "home"
+    job = ["model=micro", "train=smoke", "train.steps=3000", "train.ckpt_every=500", "train.eval_every=500",
+           "experiment=down"]
+    env = {**os.environ, **home_env(team_server, home, DDL_STORE_PATIENCE_S="5", MLFLOW_HTTP_REQUEST_MAX_RETRIES="1",
+                                    MLFLOW_HTTP_REQUEST_TIMEOUT="5")}
+    running = subprocess.Popen([str(VENV_BIN / "ddl-run"), *job], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not list(home.glob("runs/*/checkpoints/step_*.pt")):
+            time.sleep(0.5)
+        team_server.stop_server()
+        stdout, stderr = running.communicate(timeout=300)
+    finally:
+        running.kill()
+        team_server.start_server()
+    assert running.returncode == 1, stdout[-2000:] + stderr[-2000:]
+    [line] = [line for line in stderr.splitlines() if line.startswith("ddl-run: error:")]
+    assert f"MLFLOW_TRACKING_URI={team_server.uri}: unreachable for over 5 s" in line
+    assert "Traceback" not in stderr
+    from ddl.train import checkpoint
+    [run_dir] = (home / "runs").iterdir()
+    path, state = checkpoint.newest_intact(run_dir)
+    assert state["step"] >= 500 and path.is_file()
