@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     from ..track import runs, store
     try:
-        store.client()                   # a store that cannot take the scores fails before the evaluation
         target = _resolve(args.target)
+        store.client()                   # a store that cannot take the scores fails before the evaluation
         result = evaluate(target, list(spec.tasks), list(spec.shots), batch_size=spec.batch_size, limit=spec.limit,
                           device=device)
     except ValueError as err:

@@ -120,10 +120,11 @@ def _follow_rank0(cfg: DictConfig, job: Job, launcher: str, job_key: str | None)
 
 def _run_claimed(cfg: DictConfig, job: Job, run_dir, launcher: str, job_key: str | None) -> dict:
     from ..track import checkpoints, store
+    from ..track.logger import patience_s
     from ..train import checkpoint
     evaluations = job.evaluation.evaluations()
-    try:
-        store.check()
+    try:   # a sweep's job waits a while for a server its launcher reached (restarted meanwhile)
+        store.check(patience_s=0 if launcher == "none" else patience_s())
         done = status.finished_in(run_dir, job.signature, job.experiment, evaluations)
         elsewhere = None if done else store.finished_elsewhere(job.signature, job.experiment, evaluations)
         rival = None if done or elsewhere else store.running_elsewhere(job.signature)

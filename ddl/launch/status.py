@@ -82,7 +82,7 @@ def write(run_dir: Path, **fields) -> None:
 def read(run_dir: Path) -> dict:
     try:
         return json.loads((run_dir / FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    except (FileNotFoundError, ValueError):   # not there yet, or garbled (bad JSON, bad UTF-8): a new one replaces it
         return {}
 
 

@@ -7,7 +7,6 @@ A download is verified against that sha256 before it lands among the run folder'
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -15,17 +14,10 @@ from pathlib import Path
 from typing import Callable
 
 from . import store
+from .journal import file_sha256
 
 ARTIFACT_DIR, ARTIFACT_NAME = "checkpoint", "model.pt"
 STEP_TAG, SHA_TAG, BYTES_TAG = "ddl.checkpoint_step", "ddl.checkpoint_sha256", "ddl.checkpoint_bytes"
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class Uploader:
@@ -70,7 +62,7 @@ def upload(run, path: Path, step: int) -> None:
     except FileNotFoundError:               # pruned by a newer checkpoint before its turn came
         return
     try:
-        digest, size = sha256_of(link), link.stat().st_size
+        digest, size = file_sha256(link), link.stat().st_size
         run.journal.append("artifact", run.id, path=f"{ARTIFACT_DIR}/{ARTIFACT_NAME}",
                            file=str(path.relative_to(run.run_dir)), sha256=digest, size=size)
         run.client.log_artifact(run.id, str(link), ARTIFACT_DIR)
@@ -103,7 +95,7 @@ def fetch(signature: str, target_for: Callable[[int], Path]) -> Path | None:
         with _quiet_downloads():
             got = Path(store.client().download_artifacts(run.info.run_id, f"{ARTIFACT_DIR}/{ARTIFACT_NAME}",
                                                          str(staging)))
-        if sha256_of(got) != tags[SHA_TAG]:
+        if file_sha256(got) != tags[SHA_TAG]:
             raise ValueError(f"checkpoint artifact of MLflow run {run.info.run_id}: its sha256 does not match the "
                              f"run's {SHA_TAG} tag (damaged in the store or in transit); not used")
         os.replace(got, target)

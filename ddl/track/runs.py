@@ -9,7 +9,6 @@ interrupted run); a run of another home is never changed, and a FINISHED run is 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import tempfile
@@ -18,7 +17,7 @@ from pathlib import Path
 
 from .. import paths
 from . import store
-from .journal import Journal
+from .journal import Journal, file_sha256
 
 ARTIFACTS = "artifacts"       # runs/<sig>/artifacts/<run id>/<path>: the local copy of each artifact logged
 CHECKPOINT_PREFIX = "checkpoint/"
@@ -26,14 +25,6 @@ CHECKPOINT_PREFIX = "checkpoint/"
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class TrackedRun:
@@ -117,7 +108,7 @@ class TrackedRun:
                 shutil.copyfile(path, local)
         artifact_path = f"{artifact_dir}/{path.name}" if artifact_dir else path.name
         self.journal.append("artifact", self.id, path=artifact_path, file=str(local.relative_to(self.run_dir)),
-                            sha256=_sha256(local), size=local.stat().st_size)
+                            sha256=file_sha256(local), size=local.stat().st_size)
         self.client.log_artifact(self.id, str(local), artifact_dir)
 
     def log_text(self, name: str, text: str) -> None:
@@ -295,6 +286,10 @@ def rebuild(run_dir: Path, experiment: str) -> None:
     """Put the journal's FINISHED runs of this experiment back into a store that lost them (ddl.track.sync)."""
     from .sync import sync_run
     for history in _finished_histories(run_dir, experiment):
-        sync_run(history, Path(run_dir), store.client())
-        print(f"{Path(run_dir).name}: the store ({store.redacted(paths.tracking_uri())}) had lost its run "
-              f"{history.uid} in '{experiment}'; rebuilt from {Path(run_dir) / Journal.FILE}", flush=True)
+        outcome = sync_run(history, Path(run_dir), store.client())
+        where = f"the store ({store.redacted(paths.tracking_uri())})"
+        if outcome.state in ("created", "updated"):
+            print(f"{Path(run_dir).name}: {where} had lost its run {history.uid} in '{experiment}'; rebuilt from "
+                  f"{Path(run_dir) / Journal.FILE}", flush=True)
+        for problem in outcome.problems:
+            print(f"{Path(run_dir).name}: {problem}", flush=True)

@@ -16,6 +16,7 @@ import re
 import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import NamedTuple
@@ -45,10 +46,10 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 SERVER_TIMEOUT_S = 10
 
 
-def check() -> None:
+def check(patience_s: float = 0) -> None:
     """Fail fast, in one line, on a store that cannot work, creating nothing: a project store that is
-    not SQLite, a server that does not answer (MLflow itself would retry for minutes), a URI MLflow
-    cannot use."""
+    not SQLite, a server that does not answer (MLflow itself would retry for minutes; a sweep's job
+    waits up to `patience_s` for a server its launcher reached), a URI MLflow cannot use."""
     from mlflow.tracking import MlflowClient
     uri = paths.tracking_uri()
     if uri.startswith("sqlite:///"):
@@ -58,14 +59,9 @@ def check() -> None:
                 raise StoreError(f"tracking store {db}: not an SQLite database (damaged); move it aside to start "
                                  f"an empty store, or restore it from a backup")
         return
-    where = f"MLFLOW_TRACKING_URI={uri}"
+    where = f"MLFLOW_TRACKING_URI={redacted(uri)}"
     if uri.startswith(("http://", "https://")):
-        try:   # any HTTP answer, even 401, is a server
-            urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=SERVER_TIMEOUT_S).close()
-        except urllib.error.HTTPError:
-            pass
-        except (OSError, ValueError) as err:
-            raise StoreError(f"{where}: no MLflow server answers ({getattr(err, 'reason', err)})") from None
+        _await_server(uri, where, patience_s)
     try:
         MlflowClient(uri).search_experiments(max_results=1)
     except Exception as err:
@@ -79,6 +75,23 @@ def check() -> None:
             raise StoreError(f"{where}: MLFLOW_TRACKING_USERNAME={user} may not read the server's experiments "
                              f"(HTTP 403); ask its admin for a permission") from None
         raise StoreError(f"{where}: not a usable MLflow store ({type(err).__name__}: {_first_line(err)})") from None
+
+
+def _await_server(uri: str, where: str, patience_s: float) -> None:
+    """Any HTTP answer, even 401, is a server; none within `patience_s` is a StoreError."""
+    parts = urllib.parse.urlsplit(uri)
+    health = parts._replace(netloc=parts.netloc.rpartition("@")[2], path=parts.path.rstrip("/") + "/health")
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            urllib.request.urlopen(urllib.parse.urlunsplit(health), timeout=SERVER_TIMEOUT_S).close()
+            return
+        except urllib.error.HTTPError:
+            return
+        except (OSError, ValueError) as err:
+            if time.monotonic() > deadline:
+                raise StoreError(f"{where}: no MLflow server answers ({getattr(err, 'reason', err)})") from None
+            time.sleep(2)
 
 
 def _open_store(uri: str) -> None:
@@ -158,6 +171,8 @@ def runs_with_signature(signature: str, experiment: str | None = None, status: s
     (FINISHED, RUNNING) narrows them."""
     if not is_signature(signature):
         raise ValueError(f"signature={signature!r}: not a run signature (lowercase letters, digits, -)")
+    if not exists():               # a project store not created yet holds nothing, and a look creates none
+        return []
     c = client()
     if experiment is None:
         ids = [e.experiment_id for e in c.search_experiments()]
@@ -223,6 +238,8 @@ def finished(signature: str, experiment: str, evaluations=()) -> Stored | None:
 def finished_elsewhere(signature: str, experiment: str, evaluations=()) -> Stored | None:
     """A FINISHED run of the signature in another experiment with these evaluations, which can be copied
     here without training or evaluating; a run that trained is preferred to one that reused another."""
+    if not exists():
+        return None
     c = client()
     names = {e.experiment_id: e.name for e in c.search_experiments()}
     found = [run for run in runs_with_signature(signature, status="FINISHED")
