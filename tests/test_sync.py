@@ -312,8 +312,8 @@ def _snapshot(experiment: str) -> dict:
     snapshot = {}
     for run in client.search_runs([found.experiment_id]):
         info, data = run.info, run.data
-        points = {key: [(m.step, m.timestamp, m.value) for m in client.get_metric_history(info.run_id, key)]
-                  for key in data.metrics if not key.startswith("system/")}
+        points = {key: sorted((m.step, m.timestamp, m.value) for m in client.get_metric_history(info.run_id, key))
+                  for key in data.metrics}          # MLflow's system metrics included
         artifacts = {a.path: a.file_size for folder in (None, "checkpoint")
                      for a in client.list_artifacts(info.run_id, folder) if not a.is_dir}
         snapshot[data.tags["ddl.signature"]] = (

@@ -8,6 +8,7 @@ are the row's identity), so a batch sent twice is stored once. The run's heartbe
 from __future__ import annotations
 
 import os
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
@@ -53,16 +54,30 @@ class MLflowLogger:
         self.down_since: float | None = None
         self.outages: list[float] = []                    # seconds each outage lasted
         self.gave_up = False                              # the store stayed down past the patience
-        self._system = system_metrics_monitor(run.id)
+        self._system_points: list = []                   # MLflow's system metrics, from its monitor's thread
+        self._system_lock = threading.Lock()
+        self._system = system_metrics_monitor(run.id, self._take_system_metrics)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self._pending.extend(self._journaled(metrics, step))
+        with self._system_lock:
+            self._pending.extend(self._system_points)
+            self._system_points = []
+        if len(self._pending) >= self.max_buffer or time.monotonic() - self._last_hand_over > self.flush_s:
+            self._hand_over(block=False)
+
+    def _journaled(self, metrics: dict[str, float], step: int) -> list:
         from mlflow.entities import Metric
         now = int(time.time() * 1000)
         points = [Metric(k, float(v), now, step) for k, v in metrics.items()]
         self.run.journal_points(points)
-        self._pending.extend(points)
-        if len(self._pending) >= self.max_buffer or time.monotonic() - self._last_hand_over > self.flush_s:
-            self._hand_over(block=False)
+        return points
+
+    def _take_system_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """MLflow's system metrics go the way of the training metrics: journaled, then in our batches."""
+        points = self._journaled(metrics, step)
+        with self._system_lock:
+            self._system_points.extend(points)
 
     def checkpoint_saved(self, path, step: int) -> None:
         """A checkpoint was written: the journal syncs with it, and the policy decides whether it is uploaded."""
@@ -129,29 +144,41 @@ class MLflowLogger:
             time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
 
     def close(self) -> None:
-        if not self.gave_up:
-            self.flush()
-            self._uploads.wait(self.patience)
-        self._worker.shutdown(wait=not self.gave_up)
         if self._system is not None:
             self._system.finish()
             samples = self._system.aggregate_metrics()   # taken since it last logged: all of a short run's
             if samples:
                 self._system.publish_metrics(samples)
-                self._system.mlflow_logger.flush()
             self._system = None
+        with self._system_lock:
+            self._pending.extend(self._system_points)
+            self._system_points = []
+        if not self.gave_up:
+            self.flush()
+            self._uploads.wait(self.patience)
+        self._worker.shutdown(wait=not self.gave_up)
 
 
-def system_metrics_monitor(run_id: str):
+def system_metrics_monitor(run_id: str, take: Callable[[dict[str, float], int], None]):
     """MLflow's own system metrics (CPU, memory, disk, network; GPU where its library finds one) for the
-    run while it trains: a started monitor to finish(), or None where psutil is missing."""
+    run while it trains, each sample handed to `take(metrics, step)` rather than to MLflow's own logger:
+    a started monitor to finish(), or None where psutil is missing."""
     try:
         import psutil  # noqa: F401 - MLflow's monitors need it
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
     except ImportError:
         return None
     import logging
+
+    class Monitor(SystemMetricsMonitor):
+        def publish_metrics(self, metrics):
+            prefix = self._metrics_prefix + (self.node_id + "/" if self.node_id else "")
+            take({prefix + k: v for k, v in metrics.items()}, self._logging_step)
+            self._logging_step += 1
+            for monitor in self.monitors:
+                monitor.clear_metrics()
+
     logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)     # no start/stop lines per job
-    monitor = SystemMetricsMonitor(run_id, resume_logging=True, tracking_uri=paths.tracking_uri())
+    monitor = Monitor(run_id, resume_logging=True, tracking_uri=paths.tracking_uri())
     monitor.start()
     return monitor
