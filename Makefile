@@ -24,14 +24,17 @@ demo: install
 	$(BIN)/ddl-run -m +sweep=demo
 	$(MAKE) --no-print-directory report
 
+# Two pytest-xdist workers: the tests that start private servers share one (tests/conftest.py).
+PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadgroup
+
 test: install lint
 	scripts/system-deps
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 # The contributor's loop: every test not marked slow (pyproject's markers), a few minutes on 2 cores.
 test-fast: install lint
 	scripts/system-deps
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # pyflakes and bugbear at the project's line length (pyproject's [tool.ruff]).
 lint: install

@@ -47,6 +47,20 @@ if TEST_DEVICE.type == "cpu":
     _import_triton_kernels_interpreted()
 
 
+# The suite runs on two pytest-xdist workers (make test). The tests that start private servers (the SLURM
+# cluster, its decoy system files, the team's MLflow server) all run on one of them, in the order written:
+# each server is started once per worker, and the decoy /etc/slurm/slurm.conf is one file.
+SERVER_FIXTURES = {"slurm_cluster", "system_slurm_decoys", "team_server"}
+SERVER_MODULES = {"test_slurm.py", "test_slurm_gpu.py", "test_slurm_private.py", "test_team.py",
+                  "test_team_server.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.path.name in SERVER_MODULES:
+            item.add_marker(pytest.mark.xdist_group("servers"))
+
+
 @pytest.fixture(scope="module")
 def float64_default():
     """float64 as torch's default dtype for a whole module (`pytestmark = usefixtures(...)`)."""

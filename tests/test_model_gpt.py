@@ -293,5 +293,5 @@ def test_invalid_configs_raise_one_clear_line(overrides, key):
 
 
 def test_unknown_size():
-    with pytest.raises(ValueError, match=r"^model='huge': must be one of micro, tiny, small, medium$"):
+    with pytest.raises(ValueError, match=r"^model='huge': must be one of micro, tiny, mini, small, medium, large$"):
         model_config("huge")

@@ -109,14 +109,14 @@ def test_a_sweep_survives_a_server_outage_and_every_step_reaches_it_once(team_se
     """The MLflow server stops for 30 s while two jobs train: no job dies, the points logged meanwhile wait
     and arrive once, and the sweep's output says what happened."""
     home = tmp_path / "home"
-    steps = 6000         # a minute or more of training, around the outage
+    steps = 3000         # half a minute or more of training, into the outage (or waiting out its end)
     sweep = ["-m", "residual=ddl,baseline", "model=micro", "train=smoke", f"train.steps={steps}", "train.log_every=20",
-             "train.eval_every=2000", "train.ckpt_every=2000", "experiment=outage"]
+             "train.eval_every=1000", "train.ckpt_every=1000", "experiment=outage"]
     outage = {}
 
     def take_the_server_down():
         deadline = time.time() + 300
-        while time.time() < deadline and not any(json.loads(p.read_text()).get("step", 0) > 100
+        while time.time() < deadline and not any(json.loads(p.read_text()).get("step", 0) >= 40
                                                  for p in home.glob("runs/*/status.json")):
             time.sleep(0.5)
         team_server.stop_server()
@@ -131,12 +131,12 @@ def test_a_sweep_survives_a_server_outage_and_every_step_reaches_it_once(team_se
     downtime.join()
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert outage["started"] - outage["stopped"] >= 30
-    assert "2 finished" in out.stdout and "MLflow unreachable" in out.stdout and "was unreachable for" in out.stdout
+    assert "2 finished" in out.stdout and "was unreachable for" in out.stdout
     client, runs = server_runs(team_server, "outage")
     assert sorted(r.info.status for r in runs) == ["FINISHED", "FINISHED"]
     for run in runs:
         assert [step for step, _ in curve(client, run)] == list(range(20, steps + 1, 20))
-        assert [step for step, _ in curve(client, run, "val/loss")] == [2000, 4000, 6000]
+        assert [step for step, _ in curve(client, run, "val/loss")] == [1000, 2000, 3000]
 
 
 READER = """

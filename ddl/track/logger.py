@@ -108,7 +108,7 @@ class MLflowLogger:
 
     def _collect(self) -> bool:
         """Wait for the batch in flight; a failed one goes back to the front of the queue."""
-        future, batch, _ = self._sending
+        future, batch, sent = self._sending
         self._sending = None
         try:
             future.result()
@@ -116,6 +116,8 @@ class MLflowLogger:
             self._pending[:0] = batch
             self._down(type(err).__name__)
             return False
+        if self.down_since is None and time.monotonic() - sent > SLOW_S:   # MLflow's own retries carried it
+            self.down_since = sent
         if self.down_since is not None:
             self.outages.append(time.monotonic() - self.down_since)
             self.down_since = None
