@@ -45,9 +45,11 @@ def eq_2_5(X: torch.Tensor, k_raw: torch.Tensor, beta: torch.Tensor, v: torch.Te
 @pytest.mark.parametrize("n_h, dv, mapping", [(2, 1, "k"), (3, 4, "k"), (2, 4, "v"), (3, 1, "v")])
 def test_n_h_steps_are_n_h_sequential_delta_updates(n_h, dv, mapping):
     """Each step's (k_j, beta_j, v_j) from its own maps (step 1 the paper's, steps j >= 2: W_k^j h,
-    gate of c, value of x_in or h), applied one after another by Eq. 2.5."""
+    gate of c, value of x_in or h), applied one after another by Eq. 2.5; and the gradients of every
+    parameter and input are those of that plain form (the module folds the steps' gate and value maps
+    into one norm_projections)."""
     delta, norm = sublayer(n_h, dv, mapping), nn.RMSNorm(D, eps=1e-5)
-    x_in, h = torch.randn(2, 5, D), torch.randn(2, 5, D)
+    x_in, h = torch.randn(2, 5, D, requires_grad=True), torch.randn(2, 5, D, requires_grad=True)
     X = torch.randn(2, 5, dv, D)
     c = norm(x_in)
     s = delta.v_scale
@@ -66,6 +68,11 @@ def test_n_h_steps_are_n_h_sequential_delta_updates(n_h, dv, mapping):
     torch.testing.assert_close(new, expected, rtol=1e-12, atol=1e-12)
     composed = X + sum(w.unsqueeze(-1) * k_raw.unsqueeze(-2) for w, k_raw in writes)   # a rank-n_h write
     torch.testing.assert_close(composed, new, rtol=1e-12, atol=1e-12)
+    leaves = [x_in, h, *delta.parameters(), *norm.parameters()]
+    G = torch.randn(new.shape)
+    for a, b in zip(torch.autograd.grad((new * G).sum(), leaves), torch.autograd.grad((expected * G).sum(), leaves),
+                    strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 def transition(delta: DeltaResidual, seed: int = 1) -> torch.Tensor:

@@ -66,8 +66,9 @@ def _logit(p: float) -> float:
 
 class SublayerInput(NamedTuple):
     """What a Delta sublayer reads: x_in (B,T,d), the compressed state; c = RMSNorm(x_in), what F
-    reads; and the gates' first linear maps, folded into the norm (norm_projections): beta_pre of c
-    (B,T,1) for the linear estimator, (B,T,hidden) for the MLP; v_pre of x_in (B,T,dv), k-Map only."""
+    reads; and the gates' first linear maps, folded into the norm (norm_projections), every step's side
+    by side (n_h of them): beta_pre of c, (B,T,n_h) for the linear estimator, (B,T,n_h hidden) for the
+    MLP; v_pre of x_in (B,T,n_h dv), k-Map only."""
     x_in: torch.Tensor
     c: torch.Tensor
     beta_pre: torch.Tensor
@@ -82,6 +83,18 @@ def make_beta_gate(cfg: ModelConfig) -> nn.Module:
                          nn.Linear(cfg.beta_hidden, 1, bias=True))
 
 
+def gate_input(beta_gate: nn.Module) -> nn.Linear:
+    """The gate's first Linear, the one that reads c (folded into the sublayer's norm_projections)."""
+    return beta_gate if isinstance(beta_gate, nn.Linear) else beta_gate[0]
+
+
+def gate_logits(beta_gate: nn.Module, beta_pre: torch.Tensor) -> torch.Tensor:
+    """The gate's logits from its first Linear's output (without its bias)."""
+    if isinstance(beta_gate, nn.Linear):
+        return beta_pre + beta_gate.bias
+    return beta_gate[1:](beta_pre)                                             # tanh, then the output layer
+
+
 def gate_output(beta_gate: nn.Module) -> nn.Linear:
     """The gate's last Linear, whose bias sets beta at init."""
     return beta_gate if isinstance(beta_gate, nn.Linear) else beta_gate[-1]
@@ -94,7 +107,8 @@ def gate_value(logits: torch.Tensor) -> torch.Tensor:
 
 class FurtherDeltaStep(nn.Module):
     """Step j >= 2 of a DeltaProduct sublayer (ModelConfig.n_h): k~_j = W_k^j h, beta_j of c,
-    v_j = s sigmoid(W_v^j u) with u = x_in (k-Map) or h (v-Map)."""
+    v_j = s sigmoid(W_v^j u) with u = x_in (k-Map) or h (v-Map). The linear maps of c and x_in run in
+    the sublayer's norm_projections (DeltaResidual.read_input)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -103,9 +117,10 @@ class FurtherDeltaStep(nn.Module):
         self.W_v = nn.Linear(cfg.d_model, cfg.dv, bias=True)
         self.value_of_h = cfg.mapping == "v"
 
-    def components(self, h: torch.Tensor, inp: SublayerInput, v_scale: float):
-        v = v_scale * torch.sigmoid(self.W_v(h if self.value_of_h else inp.x_in))
-        return self.W_k(h), gate_value(self.beta_gate(inp.c)), v
+    def components(self, h: torch.Tensor, beta_pre: torch.Tensor, v_pre: torch.Tensor | None, v_scale: float):
+        """k~_j, beta_j, v_j from h and this step's share of the norm's projections (v_pre None: v-Map)."""
+        v_raw = self.W_v(h) if self.value_of_h else v_pre + self.W_v.bias
+        return self.W_k(h), gate_value(gate_logits(self.beta_gate, beta_pre)), v_scale * torch.sigmoid(v_raw)
 
 
 class DeltaResidual(nn.Module):
@@ -135,29 +150,38 @@ class DeltaResidual(nn.Module):
         return [gate_output(self.beta_gate)] + [gate_output(step.beta_gate) for step in self.further]
 
     def read_input(self, x_in: torch.Tensor, norm: nn.RMSNorm) -> SublayerInput:
-        """c = norm(x_in) and the gates' linear maps of c and x_in (without biases), in one op."""
-        first = self.beta_gate if isinstance(self.beta_gate, nn.Linear) else self.beta_gate[0]
-        W_x = self.W_v.weight if self.mapping == "k" else x_in.new_zeros(0, x_in.size(-1))
-        c, beta_pre, v_pre = norm_projections(x_in, norm.weight, first.weight, W_x, norm.eps)
+        """c = norm(x_in) and every step's gate and value maps of c and x_in (without biases), in one op."""
+        W_c = _side_by_side([gate_input(self.beta_gate).weight] +
+                            [gate_input(step.beta_gate).weight for step in self.further])
+        W_x = (_side_by_side([self.W_v.weight] + [step.W_v.weight for step in self.further])
+               if self.mapping == "k" else x_in.new_zeros(0, x_in.size(-1)))
+        c, beta_pre, v_pre = norm_projections(x_in, norm.weight, W_c, W_x, norm.eps)
         return SublayerInput(x_in, c, beta_pre, v_pre if self.mapping == "k" else None)
 
-    def components(self, h: torch.Tensor, inp: SublayerInput):
+    def components(self, h: torch.Tensor, inp: SublayerInput, beta_pre: torch.Tensor, v_pre: torch.Tensor | None):
         """Step 1's k~ (B,T,d), the key before its normalisation (the update's), beta (B,T,1) fp32, v (B,T,dv)."""
-        if isinstance(self.beta_gate, nn.Linear):
-            logits = inp.beta_pre + self.beta_gate.bias
-        else:
-            logits = self.beta_gate[1:](inp.beta_pre)                         # tanh, then the output layer
         if self.mapping == "k":
-            k_raw, v_raw = h, inp.v_pre + self.W_v.bias
+            k_raw, v_raw = h, v_pre + self.W_v.bias
         else:
             k_raw, v_raw = self.phi_k(inp.c if self.read_k_from_context else inp.x_in), self.W_v(h)
-        return k_raw, gate_value(logits), self.v_scale * torch.sigmoid(v_raw)
+        return k_raw, gate_value(gate_logits(self.beta_gate, beta_pre)), self.v_scale * torch.sigmoid(v_raw)
 
     def forward(self, X: torch.Tensor, h: torch.Tensor, inp: SublayerInput):
-        steps = [self.components(h, inp)] + [step.components(h, inp, self.v_scale) for step in self.further]
+        beta_pres, v_pres = [inp.beta_pre], [inp.v_pre]
+        if self.further:                                  # each step's share of the norm's projections
+            beta_pres = inp.beta_pre.chunk(1 + len(self.further), -1)
+            v_pres = [None] * len(beta_pres) if inp.v_pre is None else inp.v_pre.chunk(len(beta_pres), -1)
+        steps = [self.components(h, inp, beta_pres[0], v_pres[0])]
+        steps += [step.components(h, beta_pre, v_pre, self.v_scale)
+                  for step, beta_pre, v_pre in zip(self.further, beta_pres[1:], v_pres[1:], strict=True)]
         self.last_betas = [beta.detach() for _, beta, _ in steps]
         X, ws = self.update_steps(X, steps, self.k_eps)   # X <- (I - beta_j k_j k_j^T) X + beta_j k_j v_j^T, j = 1..n_h
         return X, [(w, k_raw) for w, (k_raw, _, _) in zip(ws, steps, strict=True)]
+
+
+def _side_by_side(weights: list[torch.Tensor]) -> torch.Tensor:
+    """The steps' (out, d) maps of one input as one (n out, d) map; one step's as it is."""
+    return weights[0] if len(weights) == 1 else torch.cat(weights)
 
 
 def expand_state(x: torch.Tensor, E: torch.Tensor) -> torch.Tensor:
