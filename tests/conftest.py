@@ -55,10 +55,20 @@ SERVER_MODULES = {"test_slurm.py", "test_slurm_gpu.py", "test_slurm_private.py",
                   "test_team_server.py"}
 
 
+@pytest.hookimpl(tryfirst=True)     # before xdist's own hook reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.path.name in SERVER_MODULES:
             item.add_marker(pytest.mark.xdist_group("servers"))
+
+
+def pytest_runtest_setup(item):
+    """Under --dist loadgroup, xdist schedules by the group it writes into each test's id: a pytest whose ids
+    ignore that write spreads the server tests over both workers (pyproject pins one that does not)."""
+    if (getattr(item.config.option, "loadgroup", False) and item.get_closest_marker("xdist_group")   # set on workers
+            and "@" not in item.nodeid):
+        pytest.fail(f"--dist loadgroup: the xdist group is not in the test id; pytest {pytest.__version__} with "
+                    "this pytest-xdist cannot keep the server tests on one worker", pytrace=False)
 
 
 @pytest.fixture(scope="module")
@@ -90,9 +100,11 @@ def module_ddl_home(tmp_path_factory):
 
 
 def run_cli(tool: str, *args: str, cwd=None, timeout=600, env_extra=None) -> subprocess.CompletedProcess:
-    """Run an installed console script (ddl-run, ddl-report, ...) the way a user does."""
+    """Run an installed console script (ddl-run, ddl-report, ...) the way a user does, its output to a file: the
+    width of tables is a file's (the caller's COLUMNS, as a CI runner may export, is not passed on)."""
+    inherited = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     return subprocess.run([str(VENV_BIN / tool), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})})
+                          env={**inherited, "PYTHONUNBUFFERED": "1", **(env_extra or {})})
 
 
 def mlflow_runs(experiment: str):
