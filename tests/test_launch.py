@@ -1,5 +1,8 @@
 """ddl-run for real: the Hydra app in a subprocess, the submitit local executor, a real MLflow store."""
 
+import os
+import socket
+
 import pytest
 
 from tests.conftest import assert_two_ranks_trained, mlflow_runs, run_cli
@@ -206,6 +209,36 @@ def test_a_two_task_local_job_trains_with_ddp_on_gloo(ddl_home):
     [run] = mlflow_runs("ddp")
     assert run.info.status == "FINISHED"
     assert_two_ranks_trained(ddl_home / "sweeps" / "ddp")
+
+
+@pytest.mark.slow
+def test_every_rank_of_a_two_task_job_leaves_a_signature_claimed_after_the_plan(ddl_home, tmp_path):
+    """Another process claims the signature between the plan and the job (here: holds it throughout, the job
+    submitted with submitit as the launcher submits it): rank 0 leaves it, and rank 1 leaves with rank 0's
+    reason from its decision file instead of waiting for rank 0 in the process group until a timeout."""
+    import time
+
+    import submitit
+
+    from ddl.launch import job, status
+    cfg = _compose([*SMOKE, "train.batch_tokens=512"])
+    run_dir = ddl_home / "runs" / job.Job.from_config(cfg).signature
+    executor = submitit.LocalExecutor(folder=tmp_path / "submitit")
+    executor.update_parameters(tasks_per_node=2, nodes=1, timeout_min=5)
+    with status.claim(run_dir):
+        submitted = executor.submit(job.run_task, cfg)
+        deadline = time.monotonic() + 240                  # rank 1's own wait for a decision is 900 s
+        while not submitted.done() and time.monotonic() < deadline:
+            time.sleep(1)
+        if not submitted.done():
+            submitted.cancel()
+            pytest.fail("the job's ranks did not leave the claimed signature within 240 s")
+        ranks = submitted.results()
+    assert [r["status"] for r in ranks] == [status.ELSEWHERE] * 2, ranks
+    holder = f"{status.ELSEWHERE}: pid {os.getpid()} on {socket.gethostname()}"
+    assert ranks[1]["detail"] == ranks[0]["detail"] == holder
+    [decision] = run_dir.glob(f"{status.DECISION}.*")              # decision.<job id>.<attempt>, rank 0's word
+    assert decision.read_text() == ranks[0]["detail"] and not mlflow_runs("default")
 
 
 @pytest.mark.slow
