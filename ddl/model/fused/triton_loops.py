@@ -55,6 +55,24 @@ def _update_inputs(X, dv, d, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def _step_saved(rho, q, g_w, row, j, in_dv, dv, HAS_G_W: tl.constexpr):
+    """What one update's forward saved (rho, q) and dL/dw (zero without g_w), as fp32."""
+    r = tl.load(rho + row).to(tl.float32)
+    q_n = tl.load(q + row * dv + j, mask=in_dv, other=0.0).to(tl.float32)
+    g_w_n = tl.zeros_like(q_n)
+    if HAS_G_W:
+        g_w_n += tl.load(g_w + row * dv + j, mask=in_dv, other=0.0).to(tl.float32)
+    return r, q_n, g_w_n
+
+
+@triton.jit
+def _store_step_grads(g_h, g_beta, g_v, g_k, g_b, g_res, row, j, i, in_dv, in_d, dv, d):
+    tl.store(g_h + row * d + i, g_k.to(g_h.dtype.element_ty), mask=in_d)
+    tl.store(g_beta + row, g_b.to(g_beta.dtype.element_ty))
+    tl.store(g_v + row * dv + j, g_res.to(g_v.dtype.element_ty), mask=in_dv)
+
+
+@triton.jit
 def _step_forward(X_n, k, b, v_n, eps2):
     """One update of a (dv, d) tile: X + w k~^T, w, rho, q."""
     r = 1.0 / tl.sqrt(tl.sum(k * k) + eps2)                       # rho = 1 / sqrt(|k~|^2 + eps^2)
@@ -96,16 +114,10 @@ def _update_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v
     n, j, i, in_dv, in_d, tile, in_tile, X_n = _update_inputs(X, dv, d, BLOCK_DV, BLOCK_D)
     k, b, v_n = _step_inputs(h, beta, v, n, j, i, in_dv, in_d, dv, d)
     G_n = tl.load(G + tile, mask=in_tile, other=0.0).to(tl.float32)
-    r = tl.load(rho + n).to(tl.float32)
-    q_n = tl.load(q + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
-    g_w_n = tl.zeros_like(q_n)
-    if HAS_G_W:
-        g_w_n += tl.load(g_w + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
+    r, q_n, g_w_n = _step_saved(rho, q, g_w, n, j, in_dv, dv, HAS_G_W)
     g_X_n, g_k, g_b, g_res = _step_backward(G_n, g_w_n, X_n, k, b, v_n, r, q_n)
     tl.store(g_X + tile, g_X_n.to(g_X.dtype.element_ty), mask=in_tile)
-    tl.store(g_h + n * d + i, g_k.to(g_h.dtype.element_ty), mask=in_d)
-    tl.store(g_beta + n, g_b.to(g_beta.dtype.element_ty))
-    tl.store(g_v + n * dv + j, g_res.to(g_v.dtype.element_ty), mask=in_dv)
+    _store_step_grads(g_h, g_beta, g_v, g_k, g_b, g_res, n, j, i, in_dv, in_d, dv, d)
 
 
 # ---- a DeltaProduct sublayer's S updates: one program per token, its tile in registers from step to step;
@@ -142,15 +154,9 @@ def _update_steps_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_bet
             X_n += (b_p * r_p * (v_p - r_p * q_p))[:, None] * k_p[None, :]
         row = n * S + s
         k, b, v_n = _step_inputs(h, beta, v, row, j, i, in_dv, in_d, dv, d)
-        r = tl.load(rho + row).to(tl.float32)
-        q_n = tl.load(q + row * dv + j, mask=in_dv, other=0.0).to(tl.float32)
-        g_w_n = tl.zeros_like(q_n)
-        if HAS_G_W:
-            g_w_n += tl.load(g_w + row * dv + j, mask=in_dv, other=0.0).to(tl.float32)
+        r, q_n, g_w_n = _step_saved(rho, q, g_w, row, j, in_dv, dv, HAS_G_W)
         G_n, g_k, g_b, g_res = _step_backward(G_n, g_w_n, X_n, k, b, v_n, r, q_n)
-        tl.store(g_h + row * d + i, g_k.to(g_h.dtype.element_ty), mask=in_d)
-        tl.store(g_beta + row, g_b.to(g_beta.dtype.element_ty))
-        tl.store(g_v + row * dv + j, g_res.to(g_v.dtype.element_ty), mask=in_dv)
+        _store_step_grads(g_h, g_beta, g_v, g_k, g_b, g_res, row, j, i, in_dv, in_d, dv, d)
     tl.store(g_X + tile, G_n.to(g_X.dtype.element_ty), mask=in_tile)
 
 
