@@ -96,6 +96,25 @@ def test_the_mlflow_logger_writes_every_metric_of_every_step_in_the_background(d
         [(s, 1.0 / s) for s in range(1, 201)]
 
 
+def test_a_loop_busy_between_logs_is_not_an_outage(ddl_home, monkeypatch):
+    """A batch the store answered at once, collected only when the loop comes back from a long validation,
+    is no outage: the logger times the store's answer, not the loop's absence."""
+    import time
+
+    from ddl import paths
+    from ddl.track import logger as logger_module
+    from ddl.track import runs
+    monkeypatch.setattr(logger_module, "SLOW_S", 1.0)
+    notes = []
+    run = runs.open_run("logger", "sig", "logger", {}, {}, paths.runs_dir() / "sig")
+    logger = logger_module.MLflowLogger(run, note=notes.append, flush_s=0.0)
+    logger.log_metrics({"train/loss": 1.0}, 1)                   # handed to the worker thread at once
+    time.sleep(2.5)                                              # the loop validates for longer than SLOW_S
+    logger.log_metrics({"train/loss": 0.5}, 2)                   # collects the first batch, sends the second
+    logger.close()
+    assert notes == [] and logger.outages == []
+
+
 def test_the_store_follows_ddl_home_and_is_not_exported_to_children(ddl_home, monkeypatch, tmp_path):
     """A job finds its store from DDL_HOME; had the parent exported MLFLOW_TRACKING_URI, a job under
     another DDL_HOME would write to the parent's store, its artifacts to ./mlruns."""

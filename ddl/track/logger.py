@@ -98,28 +98,31 @@ class MLflowLogger:
             self._sending = (self._worker.submit(self._send, batch, beat), batch, time.monotonic())
             self._last_hand_over = time.monotonic()
 
-    def _send(self, batch: list, beat: bool) -> None:
+    def _send(self, batch: list, beat: bool) -> float:
+        """Deliver a batch (and the heartbeat when due); returns when the store answered."""
         from mlflow.entities import RunTag
         tags = [RunTag(store.HEARTBEAT_TAG, str(int(time.time())))] if beat else []
         for i in range(0, max(len(batch), 1), 1000):
             self.run.client.log_batch(self.run.id, metrics=batch[i:i + 1000], tags=tags if i == 0 else [])
         if beat:
             self._last_beat = time.monotonic()
+        return time.monotonic()
 
     def _collect(self) -> bool:
         """Wait for the batch in flight; a failed one goes back to the front of the queue."""
         future, batch, sent = self._sending
         self._sending = None
         try:
-            future.result()
+            answered = future.result()
         except Exception as err:
             self._pending[:0] = batch
             self._down(type(err).__name__)
             return False
-        if self.down_since is None and time.monotonic() - sent > SLOW_S:   # MLflow's own retries carried it
+        # the store's own time to answer, not the training loop's to come back (a validation in between)
+        if self.down_since is None and answered - sent > SLOW_S:       # MLflow's own retries carried it
             self.down_since = sent
         if self.down_since is not None:
-            self.outages.append(time.monotonic() - self.down_since)
+            self.outages.append(answered - self.down_since)
             self.down_since = None
             self.note(f"MLflow was unreachable for {self.outages[-1]:.0f} s; every point delivered since")
         return True
