@@ -207,8 +207,8 @@ def logging_cost(step_s: float) -> dict:
         metrics = {f"beta/L{i:02d}.{p}/{s}": 1.0 for i in range(4) for p in ("attn", "mlp")
                    for s in ("mean", "std", "frac_gt1")} | {"train/loss": 1.0, "train/lr": 1.0}
         calls = 300
-        waited, _ = _log_steps(metrics, calls, pause_s=0.02)
-        in_calls, in_close = _log_steps(metrics, calls, pause_s=0.0)
+        waited, _ = _log_steps("bench_wait", metrics, calls, pause_s=0.02)
+        in_calls, in_close = _log_steps("bench_work", metrics, calls, pause_s=0.0)
         work = (in_calls + in_close) / calls
     return {"loop_wait_ms": 1e3 * waited / calls, "work_ms": 1e3 * work, "metrics_per_call": len(metrics),
             "fraction_of_step": waited / calls / step_s, "work_fraction_of_step": work / step_s}
@@ -232,12 +232,14 @@ def _environ(**values: str | None):
         apply(before)
 
 
-def _log_steps(metrics: dict, calls: int, pause_s: float) -> tuple[float, float]:
-    """Seconds spent in MLflowLogger.log_metrics over `calls` steps `pause_s` apart, and in close()."""
+def _log_steps(signature: str, metrics: dict, calls: int, pause_s: float) -> tuple[float, float]:
+    """Seconds spent in MLflowLogger.log_metrics over `calls` steps `pause_s` apart, and in close(), into a
+    run of its own (a second run of one signature would replace the first, its curves copied)."""
     from . import paths
     from .track import logger as track_logger
     from .track import runs
-    logger = track_logger.MLflowLogger(runs.open_run("bench", "bench", "bench", {}, {}, paths.runs_dir() / "bench"))
+    logger = track_logger.MLflowLogger(runs.open_run("bench", signature, signature, {}, {},
+                                                     paths.runs_dir() / signature))
     in_calls = 0.0
     for step in range(calls):
         if pause_s:
