@@ -207,8 +207,8 @@ def logging_cost(step_s: float) -> dict:
         metrics = {f"beta/L{i:02d}.{p}/{s}": 1.0 for i in range(4) for p in ("attn", "mlp")
                    for s in ("mean", "std", "frac_gt1")} | {"train/loss": 1.0, "train/lr": 1.0}
         calls = 300
-        waited, _ = _log_steps("bench_wait", metrics, calls, pause_s=0.02)
-        in_calls, in_close = _log_steps("bench_work", metrics, calls, pause_s=0.0)
+        waited, _ = _log_steps("bench-wait", metrics, calls, pause_s=0.02)
+        in_calls, in_close = _log_steps("bench-work", metrics, calls, pause_s=0.0)
         work = (in_calls + in_close) / calls
     return {"loop_wait_ms": 1e3 * waited / calls, "work_ms": 1e3 * work, "metrics_per_call": len(metrics),
             "fraction_of_step": waited / calls / step_s, "work_fraction_of_step": work / step_s}
