@@ -197,7 +197,7 @@ class SweepLauncher(BaseSubmititLauncher):
     @staticmethod
     def _stop_local_job(handle) -> bool:
         """SIGTERM to a local job's controller, which passes it to its tasks; False for a cluster job."""
-        controller = getattr(handle, "_process", None)
+        controller = _local_controller(handle)
         if controller is None:
             return False
         with contextlib.suppress(ProcessLookupError):
@@ -207,6 +207,11 @@ class SweepLauncher(BaseSubmititLauncher):
     @staticmethod
     def outcome(handle, run_dir: Path) -> Result:
         """(state, detail, JobReturn): the job's own error line when it wrote one, else submitit's."""
+        if _local_controller(handle) is not None:
+            # A local job's process has exited: its result file is on this host's disk, or never will be.
+            # submitit polls 15 s for one a cluster's network filesystem may not show yet, a killed or
+            # crashed job's wait, one job after another, before the summary.
+            handle._results_timeout_s = 0
         try:
             result, error = handle.results()[0], None
         except Exception as err:  # the job process died or raised outside Hydra's run_job
@@ -224,6 +229,11 @@ class SweepLauncher(BaseSubmititLauncher):
         detail = recorded.get("error") or (lines[-1] if lines else type(error).__name__)
         state = "killed" if recorded.get("state") == "killed" else "failed"
         return Result(state, f"{detail}  (log: {handle.paths.stderr})", result)
+
+
+def _local_controller(handle):
+    """The process submitit started for a local job (it runs the job's tasks); None for a cluster job."""
+    return getattr(handle, "_process", None)
 
 
 @contextlib.contextmanager
