@@ -49,10 +49,19 @@ if TEST_DEVICE.type == "cpu":
 
 # The suite runs on two pytest-xdist workers (make test). The tests that start private servers (the SLURM
 # cluster, its decoy system files, the team's MLflow server) all run on one of them, in the order written:
-# each server is started once per worker, and the decoy /etc/slurm/slurm.conf is one file.
+# each server is started once per worker, and the decoy /etc/slurm/slurm.conf is one file. The tests of a
+# module that builds a module-scoped fixture of its own (a sweep trained once, a UI server) run on one
+# worker too, so that it is built once, not once per worker.
 SERVER_FIXTURES = {"slurm_cluster", "system_slurm_decoys", "team_server"}
 SERVER_MODULES = {"test_slurm.py", "test_slurm_gpu.py", "test_slurm_private.py", "test_team.py",
                   "test_team_server.py"}
+
+
+def _uses_own_module_fixture(item) -> bool:
+    module = item.nodeid.split("::")[0]
+    return any(fixture.scope == "module" and fixture.baseid == module
+               for name in getattr(item, "fixturenames", ())
+               for fixture in item._fixtureinfo.name2fixturedefs.get(name, ()))
 
 
 @pytest.hookimpl(tryfirst=True)     # before xdist's own hook reads the groups into the test ids
@@ -60,6 +69,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.path.name in SERVER_MODULES:
             item.add_marker(pytest.mark.xdist_group("servers"))
+        elif _uses_own_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 
 def pytest_runtest_setup(item):
