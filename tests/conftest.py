@@ -23,6 +23,23 @@ SLURM_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SINFO
 TEST_DEVICE = torch.device(os.environ.get("DDL_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
+def _share_the_cpus_between_workers() -> None:
+    """Each pytest-xdist worker, and every process its tests start, computes on its share of the CPUs
+    (torch's and OpenMP's threads, DDL_CPUS for a job): with two workers on two cores, a worker's
+    second thread would only wait for the core the other worker holds, and OpenMP's spinning threads
+    burn it (an lm-eval test alone 13 s, beside the other worker 108 s). Tests of thread counts set
+    their own."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if workers > 1:
+        threads = str(max(1, len(os.sched_getaffinity(0)) // workers))
+        for var in ("OMP_NUM_THREADS", "DDL_CPUS"):
+            os.environ.setdefault(var, threads)
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+_share_the_cpus_between_workers()
+
+
 def _import_triton_kernels_interpreted() -> None:
     """Triton decides whether a function is interpreted as it decorates it, on import: its own
     library's (some on a kernel's first launch) and our kernels' (ddl/model/fused/triton_loops.py).
