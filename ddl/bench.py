@@ -144,7 +144,7 @@ def start_up_costs(ddl_run: str, env: dict, runs: int) -> dict:
     """`ddl-run --help` and the dry run of paper_small with the SLURM launcher, alternating, `runs` times each:
     the median and every time of each, and the 1-minute load average before and after (the machine may be
     shared). One dry run
-    first, untimed: the first in a fresh DDL_HOME indexes lm-eval's task names into its cache. The dry run
+    first, untimed: the first on a machine indexes lm-eval's task names into the user's cache. The dry run
     asks the store the environment names (MLFLOW_TRACKING_URI, else DDL_HOME's SQLite)."""
     _wall([ddl_run, *DRY_RUN], env)
     load = [os.getloadavg()[0]]

@@ -34,6 +34,11 @@ def home() -> Path:
     return root / ".ddl" if root else Path.home() / ".local" / "share" / "ddl"
 
 
+def user_cache_dir() -> Path:
+    """What any home of this user may reuse (derived from installed packages only): XDG's cache."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ddl"
+
+
 def data_dir() -> Path:
     return home() / "data"
 

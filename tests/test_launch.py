@@ -139,6 +139,7 @@ def test_a_dry_run_launches_and_writes_nothing(ddl_home):
     assert "GPU-h" in out.stdout and "4.92e+10" in out.stdout                 # 100k x 491,520 tokens
     assert "CPU core-min" not in out.stdout                                   # SLURM jobs get GPUs
     assert not (ddl_home / "mlflow.db").exists() and not (ddl_home / "runs").exists()
+    assert not (ddl_home / "eval_tasks").exists()          # lm-eval's task names: the user's cache, any home's
 
 
 def test_the_proxy_study_estimates_cpu_time_within_90_minutes_on_two_cores(ddl_home):

@@ -38,7 +38,7 @@ def _download(tasks: list[str]) -> int:
     os.environ["HF_DATASETS_OFFLINE"] = os.environ["HF_HUB_OFFLINE"] = "0"
     from .harness import check_known, task_manager
     hub_tasks = [t for t in tasks if t != OFFLINE_TASK]
-    manager = task_manager()
+    manager = task_manager(hub=bool(hub_tasks))
     try:
         check_known(hub_tasks, manager.all_tasks)
         manager.load(hub_tasks)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -45,25 +46,30 @@ def offline_hub() -> None:
 
 
 @functools.cache
-def task_manager():
+def task_manager(hub: bool):
+    """lm-eval's TaskManager over the offline task's folder, and over lm-eval's own tasks only where a Hub
+    task is asked for (`hub`): indexing those takes ~13 s of a CPU, which an offline evaluation skips."""
     from lm_eval.tasks import TaskManager
     from .offline_task import ensure_task_dir
-    return TaskManager(include_path=str(ensure_task_dir()))
+    return TaskManager(include_path=str(ensure_task_dir()), include_defaults=hub)
 
 
 def known_task_names() -> list[str]:
-    """The task names lm-eval knows, kept per lm-eval version in DDL_HOME/eval_tasks: indexing its
-    task files takes seconds, which a dry run should not spend every time."""
+    """The task names of the installed lm-eval, kept per version in the user's cache (every home reuses
+    them, and none is written to): indexing lm-eval's task files takes seconds, which a dry run should
+    not spend every time. An unwritable cache is only slower."""
     from importlib.metadata import version
 
     from .. import paths
-    cache = paths.home() / "eval_tasks" / f"lm_eval-{version('lm_eval')}-task-names.json"
+    cache = paths.user_cache_dir() / f"lm_eval-{version('lm_eval')}-task-names.json"
     try:
         return json.loads(cache.read_text())
     except (OSError, ValueError):
-        names = sorted(task_manager().all_tasks)
-        cache.parent.mkdir(parents=True, exist_ok=True)   # the manager may be this process's, for another home
-        paths.write_atomic(cache, json.dumps(names))
+        from lm_eval.tasks import TaskManager
+        names = sorted(TaskManager().all_tasks)            # lm-eval's own, without a home's offline task
+        with contextlib.suppress(OSError):
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            paths.write_atomic(cache, json.dumps(names))
         return names
 
 
@@ -110,7 +116,7 @@ def evaluate(model_or_checkpoint, tasks: list[str], shots: list[int], *, tokeniz
     import lm_eval
     from .adapter import DDLLM
 
-    manager = task_manager()
+    manager = task_manager(hub=any(task != OFFLINE_TASK for task in tasks))
     load_tasks(tasks, manager)  # fail fast, before any model work
     if isinstance(model_or_checkpoint, (str, os.PathLike)):
         lm = DDLLM(checkpoint=str(model_or_checkpoint), batch_size=batch_size, device=device)
