@@ -24,8 +24,9 @@ demo: install
 	$(BIN)/ddl-run -m +sweep=demo
 	$(MAKE) --no-print-directory report
 
-# Two pytest-xdist workers: the tests that start private servers share one (tests/conftest.py).
-PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadgroup
+# Three pytest-xdist workers on two cores, a thread each: while one waits on a server, the others compute;
+# the tests that start private servers share one worker (tests/conftest.py).
+PYTEST := $(BIN)/python -m pytest -q -n 3 --dist loadgroup
 
 test: install lint
 	scripts/system-deps

@@ -25,9 +25,9 @@ TEST_DEVICE = torch.device(os.environ.get("DDL_TEST_DEVICE") or ("cuda" if torch
 
 def _share_the_cpus_between_workers() -> None:
     """Each pytest-xdist worker, and every process its tests start, computes on its share of the CPUs
-    (torch's and OpenMP's threads, DDL_CPUS for a job): with two workers on two cores, a worker's
-    second thread would only wait for the core the other worker holds, and OpenMP's spinning threads
-    burn it (an lm-eval test alone 13 s, beside the other worker 108 s). Tests of thread counts set
+    (torch's and OpenMP's threads, DDL_CPUS for a job): with more workers than cores, a worker's
+    second thread would only wait for a core another worker holds, and OpenMP's spinning threads
+    burn it (an lm-eval test alone 13 s, beside another worker 108 s). Tests of thread counts set
     their own."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
     if workers > 1:
@@ -64,7 +64,7 @@ if TEST_DEVICE.type == "cpu":
     _import_triton_kernels_interpreted()
 
 
-# The suite runs on two pytest-xdist workers (make test). The tests that start private servers (the SLURM
+# The suite runs on three pytest-xdist workers (make test). The tests that start private servers (the SLURM
 # cluster, its decoy system files, the team's MLflow server) all run on one of them, in the order written:
 # each server is started once per worker, and the decoy /etc/slurm/slurm.conf is one file. The tests of a
 # module that builds a module-scoped fixture of its own (a sweep trained once, a UI server) run on one
