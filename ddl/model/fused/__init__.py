@@ -41,9 +41,10 @@ def _runs_cpp(t: torch.Tensor) -> bool:
 
 
 def _constant_to_compile(fn):
-    """torch.compiler.assume_constant_result(fn) without its import of torch._dynamo (~2 s of every
-    job's start, most of which never compile): the mark is the attribute dynamo reads when it traces.
-    The fullgraph compile tests fail if tracing stops honouring it."""
+    """torch.compiler.assume_constant_result(fn) without its import of torch._dynamo (~2 s of the start
+    of a process that builds a model and never compiles or trains, an evaluation's; torch.optim imports
+    it anyway): the mark is the attribute dynamo reads when it traces. The fullgraph compile tests fail
+    if tracing stops honouring it."""
     fn._dynamo_marked_constant = True
     return fn
 
