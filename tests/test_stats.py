@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from ddl.report import render
-from ddl.report.stats import BETTER, NOT_RESOLVED, WORSE, paired, seeds_to_resolve, t_quantile
+from ddl.stats import BETTER, NOT_RESOLVED, WORSE, paired, seeds_to_resolve, t_quantile
 from ddl.report.tables import accuracy_table, loss_table, variant_rows
 
 # Per-seed noise shared by the arms of a seed (same init and data order), larger than the effects.

@@ -65,7 +65,18 @@ def _tags(job: Job, launcher: str) -> dict:
             "ddl.slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "ddl.host": socket.gethostname(),
             "ddl.torch": torch.__version__, "ddl.cuda": str(torch.version.cuda),
             "ddl.python": platform.python_version(), "ddl.tokenizer": tokenizer,
-            "ddl.loss_unit": f"nats/token ({tokenizer})", "ddl.row": row_name(job.run.model)}
+            "ddl.loss_unit": f"nats/token ({tokenizer})", "ddl.row": row_name(job.run.model), **_search_tags(job)}
+
+
+def _search_tags(job: Job) -> dict:
+    """A search's trial or confirmation run: its search, role, number and searched values, and its parent run
+    (MLflow's UI nests it there)."""
+    from ..track import searches
+    tuning = job.tuning
+    if not tuning.search:
+        return {}
+    return {searches.SEARCH_TAG: tuning.search, searches.ROLE_TAG: tuning.role, searches.TRIAL_TAG: tuning.trial,
+            searches.VALUES_TAG: json.dumps(job.searched, sort_keys=True), searches.PARENT_TAG: tuning.parent}
 
 
 def run_task(cfg: DictConfig) -> dict:
@@ -154,9 +165,11 @@ def _run_claimed(cfg: DictConfig, job: Job, run_dir, launcher: str, job_key: str
 
 
 def _train(cfg: DictConfig, job: Job, run_dir, run, trainer, launcher: str) -> dict:
+    from ..train import Pruned
     log_path = run_dir / "train.log"
     with open(log_path, "a", encoding="utf-8") as log_file:
         trainer.logger = logger = _loggers(job, run_dir, run, log_file)
+        trainer.stop_early = _pruner(job, run.id)
         try:
             result = trainer.fit()
             logger.close()
@@ -165,12 +178,44 @@ def _train(cfg: DictConfig, job: Job, run_dir, run, trainer, launcher: str) -> d
             print(f"{job.name} [{job.signature}]: val/loss {outcome.final['val/loss']:.4f}  "
                   f"({plural(result.steps, 'step')}, {result.seconds:.0f} s)")
             return {"signature": job.signature, "status": "finished", "run_id": run.id, "final": outcome.final}
+        except Pruned as err:
+            logger.close()
+            return _close_pruned(job, run_dir, run, str(err), log_path)
         except BaseException as err:
             with _signals_held():
                 _close_quietly(logger)
                 if not (isinstance(err, SystemExit) and launcher == "slurm"):  # SLURM requeues it
                     _close_interrupted(run_dir, run, err, log_path)
             raise
+
+
+def _pruner(job: Job, run_id: str):
+    """A search's trial asks Optuna's pruner at each validation (ddl.tune.search.should_prune) against the
+    search's completed trials in the store; other jobs never stop early."""
+    tuning = job.tuning
+    if tuning.role != "trial" or tuning.pruner == "none":
+        return None
+    from ..track import searches
+    from ..tune.search import should_prune
+    curve: dict[int, float] = {}
+
+    def stop_early(step: int, val_loss: float) -> str | None:
+        curve[step] = val_loss
+        peers = [t for t in searches.runs_of(job.experiment, tuning.search, curves=True) if t.run_id != run_id]
+        if should_prune(peers, curve, job.run.train.steps, tuning):
+            return f"pruned: val/loss {val_loss:.4f} above the median of the search's completed trials there"
+        return None
+    return stop_early
+
+
+def _close_pruned(job: Job, run_dir, run, why: str, log_path) -> dict:
+    """A pruned trial ends KILLED, tagged `ddl.pruned`, its checkpoint kept: not a failure, and resumable."""
+    from ..track import runs, searches
+    run.set_tags({searches.PRUNED_TAG: why})
+    runs.close_run(run, "KILLED", files=[log_path])
+    status.write(run_dir, state="pruned", error=None)
+    print(f"{job.name} [{job.signature}]: {why}", flush=True)
+    return {"signature": job.signature, "status": "pruned", "run_id": run.id, "detail": why}
 
 
 def _reuse(job: Job, run_dir, found) -> dict:

@@ -125,7 +125,8 @@ class SweepLauncher(BaseSubmititLauncher):
         summary_table(rows).print()
         if stop.received:
             raise SweepInterrupted(stop.received)
-        failed = sum(state not in ("finished", "skipped", status.REUSED, status.ELSEWHERE) for _, state, *_ in rows)
+        failed = sum(state not in ("finished", "skipped", "pruned", status.REUSED, status.ELSEWHERE)
+                     for _, state, *_ in rows)
         if failed:
             raise SweepFailed(f"{failed} of {plural(len(rows), 'job')} failed")
 

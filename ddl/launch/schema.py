@@ -3,7 +3,8 @@
 Each group's keys, types and defaults are read off the dataclass it fills: `model.*` and `ddl.*` off
 ModelConfig (its ablation axes are top-level keys, its Delta knobs `ddl.*`, the rest `model.*` beside
 the `size` that a conf/model/ file picks; a size's dimensions default to null: the size's value),
-`data.*` off DataConfig, `train.*` off TrainConfig, `eval.*` off EvalConfig, `seed` off RunConfig. A
+`data.*` off DataConfig, `train.*` off TrainConfig, `eval.*` off EvalConfig, `tune.*` off TuneConfig, `seed`
+off RunConfig. A
 field added to one of them is a key of ddl-run at once, with its type and default.
 
 Hydra merges every YAML file and override into this schema (`register()` stores it as `ddl_schema`,
@@ -27,6 +28,7 @@ from ..eval.config import EvalConfig
 from ..model import SIZES, ModelConfig
 from ..model.config import DDL_KNOBS
 from ..train import RunConfig, TrainConfig
+from ..tune.config import TuneConfig
 from ..validation import shown
 
 AXES = ("residual", "dv", "conv", "mapping", "beta_init")   # ModelConfig fields that are top-level keys
@@ -85,10 +87,11 @@ DDLGroup = _schema("DDLGroup", _keys(ModelConfig, [n for n in DDL_KNOBS if n not
 DataGroup = _schema("DataGroup", _keys(DataConfig, _names(DataConfig)))
 TrainGroup = _schema("TrainGroup", _keys(TrainConfig, _names(TrainConfig)))
 EvalGroup = _schema("EvalGroup", _keys(EvalConfig, _names(EvalConfig)))
+TuneGroup = _schema("TuneGroup", _keys(TuneConfig, _names(TuneConfig)))
 RunSchema = _schema("RunSchema", [
     ("model", ModelGroup, _group(ModelGroup)), ("data", DataGroup, _group(DataGroup)),
     ("train", TrainGroup, _group(TrainGroup)), ("eval", EvalGroup, _group(EvalGroup)),
-    ("ddl", DDLGroup, _group(DDLGroup)),
+    ("ddl", DDLGroup, _group(DDLGroup)), ("tune", TuneGroup, _group(TuneGroup)),
     *_keys(ModelConfig, AXES, default="yaml"), *_keys(RunConfig, ["seed"], default="yaml"),
     ("experiment", str, dataclasses.field(default=MISSING)),    # the MLflow experiment (one per sweep)
     ("dry_run", bool, dataclasses.field(default=MISSING)),      # print the job table, launch nothing

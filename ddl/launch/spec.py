@@ -14,6 +14,7 @@ from ..eval.suites import OFFLINE_TASK
 from ..model import SIZES, ModelConfig, ddl_extra_params, model_config, param_count
 from ..model.config import DDL_KNOBS
 from ..train import RunConfig, TrainConfig
+from ..tune.config import TuneConfig
 from ..validation import safe_name
 from .configs import ConfigError
 from .schema import AXES, undeclared, unknown_key
@@ -52,6 +53,13 @@ def eval_config(cfg: DictConfig) -> EvalConfig:
         evaluation = EvalConfig(**_group(cfg, "eval"))
         check_tasks(evaluation.tasks)
         return evaluation
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def tune_config(cfg: DictConfig) -> TuneConfig:
+    try:
+        return TuneConfig(**_group(cfg, "tune"))
     except ValueError as err:
         raise ConfigError(str(err)) from None
 
@@ -100,11 +108,15 @@ class Job:
     experiment: str
     evaluation: EvalConfig = field(default_factory=EvalConfig)
     label: str = ""     # the settings that tell it from the sweep's other jobs of its row (plan.label_jobs)
+    tuning: TuneConfig = field(default_factory=TuneConfig)    # a search's settings, and its trial's identity
+    searched: dict = field(default_factory=dict)              # a search's job: its searched keys' values
 
     @classmethod
     def from_config(cls, cfg: DictConfig, overrides: list[str] = ()) -> "Job":
         """The validated job of one composed config: every error is one ConfigError line."""
-        job = cls(list(overrides), run_config(cfg), experiment_name(cfg), eval_config(cfg))
+        tuning = tune_config(cfg)
+        job = cls(list(overrides), run_config(cfg), experiment_name(cfg), eval_config(cfg), tuning=tuning,
+                  searched={key: OmegaConf.select(cfg, key) for key in tuning.keys})
         data = job.run.data
         if OFFLINE_TASK in job.evaluation.tasks and data.source == "embedded" and data.val_fraction < HELD_OUT:
             raise ConfigError(f"data.val_fraction={data.val_fraction}: must be >= {HELD_OUT} with eval task "

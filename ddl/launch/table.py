@@ -30,7 +30,7 @@ from .estimate import CPU_TRAIN_FLOPS, job_cost, wall_seconds
 console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)  # logs keep whole columns
 PROGRESS_ENV, PROGRESS_DEFAULT_S = "DDL_PROGRESS_S", 30.0
 STYLES = {"finished": "green", status.REUSED: "cyan", "skipped": "cyan", "running": "bold", "queued": "dim",
-          status.ELSEWHERE: "yellow", "failed": "red", "killed": "red"}
+          status.ELSEWHERE: "yellow", "failed": "red", "killed": "red", "pruned": "magenta"}
 
 
 def progress_seconds() -> float:
@@ -187,6 +187,52 @@ def job_table(jobs, gpus: int, slots: int, threads: int) -> _Printable:
                              [[v for v, s in zip(row, shown, strict=True) if s] for row in rows], caption))
 
 
+# -- a search (ddl.launch.tuning) -------------------------------------------------------------------
+def search_plan_table(rows, tuning, launcher) -> _Printable:
+    """A search's dry run: per row its space, trials and seeds, and its cost at most (every trial trained to
+    its end, every seed of the plan run); pruning and seeds that resolve early only lower it."""
+    gpus, cpus = launcher.params.get("gpus_per_node") or 0, launcher.params.get("cpus_per_task") or 1
+    slots = launcher.bound(len(rows) * tuning.trials)
+    runs = tuning.trials + tuning.seed_plan[-1] - 1
+    costs = [job_cost(row.job, gpus) for row in rows]
+    cpu = [c.cpu_seconds * runs for c in costs if c.cpu_seconds is not None]
+    gpu = sum(c.gpu_hours * runs for c in costs if c.cpu_seconds is None)
+    columns = [Column("row"), Column("search"), Column("searched", 3), Column("trials", right=True),
+               Column("seeds", 2, True), Column("runs at most", 1, True), Column("cost at most", 4, True)]
+    seeds = "auto: " + ", ".join(map(str, tuning.seed_plan)) if tuning.seeds == "auto" else tuning.seeds
+    table_rows = [[row.name, row.search, " ".join(d.spec() for d in row.space), str(tuning.trials), seeds, str(runs),
+                   f"{c.gpu_hours * runs:.3g} GPU-h" if c.cpu_seconds is None else
+                   f"{_minutes(c.cpu_seconds * runs)} core-min"] for row, c in zip(rows, costs, strict=True)]
+    wall = f", about {_minutes(wall_seconds(cpu, slots, cpus))} min wall on {plural(slots, 'slot')}" if cpu else ""
+    caption = (f"{plural(len(rows), 'row')}; at most {plural(len(rows) * runs, 'job')}: "
+               f"{_minutes(sum(cpu))} core-min{wall}" + (f", {gpu:.3g} GPU-h" if gpu else "") +
+               f". Trials {tuning.parallel or slots} at a time per row, pruner {tuning.pruner}; the confirmation "
+               f"pairs each row's best with the tuned baseline (alpha {tuning.alpha}).")
+    return _Printable(fitted("ddl-run: planned search (dry run, nothing launched)", columns, table_rows, caption))
+
+
+def search_result_table(rows, looks: dict, baseline_of) -> _Printable:
+    """Each row at its own best: the values found, the loss over the confirmation's seeds, and its paired gap
+    to the tuned baseline with the interval of the look that ended it."""
+    columns = [Column("row"), Column("best values"), Column("val loss", right=True), Column("seeds", 3, True),
+               Column("vs tuned baseline", right=True), Column("verdict", 2), Column("search", 4)]
+    table_rows = []
+    for row in rows:
+        losses = list(row.seeds.values())
+        mean = sum(losses) / len(losses) if losses else float("nan")
+        found, base = looks.get(row.search), baseline_of(row, rows)
+        diff = found.difference if found else None
+        gap = "" if diff is None or diff.relative is None else f"{diff.relative:+.1f}%"
+        if diff is not None and diff.low is not None:
+            gap += f" [{100 * diff.low / abs(diff.reference):+.1f}, {100 * diff.high / abs(diff.reference):+.1f}]"
+        verdict = diff.verdict(False) if diff else ("(the baseline)" if base is None else "")
+        values = " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.best.items())
+        table_rows.append([row.name, values, f"{mean:.4f}", str(len(losses)), gap, verdict, row.search])
+    caption = ("Intervals: paired by seed, at the confidence of the look that ended the row "
+               "(ddl.tune.sequential); ddl-report draws the sensitivity curves.")
+    return _Printable(fitted("ddl-run: tuned rows", columns, table_rows, caption))
+
+
 # -- a sweep ----------------------------------------------------------------------------------
 LIVE_COLUMNS = [Column("job"), Column("state"), Column("step", right=True), Column("train loss", 2, True),
                 Column("ETA", 3, True), Column("tok/s", 4, True), Column("val loss", 5, True), Column("signature", 6)]
@@ -247,11 +293,12 @@ def summary_table(rows) -> _Printable:
     """rows: (job, state, detail, reused_from or None)."""
     table_rows = [[job.name, state_text({"state": state, "reused_from": source}), detail, job.signature]
                   for job, state, detail, source in rows]
-    counted = ("finished", status.REUSED, "skipped", status.ELSEWHERE)
+    counted = ("finished", status.REUSED, "skipped", status.ELSEWHERE, "pruned")
     counts = {s: sum(r[1] == s for r in rows) for s in counted}
     sources = sorted({source for _, state, _, source in rows if state == status.REUSED})
     reused = f"{counts[status.REUSED]} reused (from experiment {', '.join(sources)}), " if sources else ""
-    caption = (f"{counts['finished']} finished, {reused}{counts['skipped']} skipped, "
+    pruned = f"{counts['pruned']} pruned, " if counts["pruned"] else ""
+    caption = (f"{counts['finished']} finished, {reused}{counts['skipped']} skipped, {pruned}"
                f"{len(rows) - sum(counts.values())} failed or stopped"
                + (f", {counts[status.ELSEWHERE]} {status.ELSEWHERE}" if counts[status.ELSEWHERE] else ""))
     columns = [Column("job"), Column("result"), Column("detail"), Column("signature", 1)]

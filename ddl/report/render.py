@@ -12,7 +12,7 @@ import html
 import io
 
 from .scaling import PAPER_N, CrossSize, sections
-from .stats import CONFIDENCE, seeds_to_resolve
+from ..stats import CONFIDENCE, seeds_to_resolve
 from .tables import BASELINE, PAPER_SIZES, Cell, Table, fmt_number, row_label
 
 LEGEND = (f"Mean ± std over seeds. Bold: best, underlined: second best, only where the paired "

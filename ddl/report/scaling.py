@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ..costs import training_flops
-from .stats import CONFIDENCE, Difference, t_quantile
+from ..stats import CONFIDENCE, Difference, t_quantile
 from .tables import BASELINE, PAPER_SIZES, Table, baseline_rows
 
 # Non-embedding parameters of the paper's sizes (Table 4's shapes, GPT-2's vocabulary tied; tests check

@@ -10,7 +10,7 @@ from importlib import resources
 import pandas as pd
 
 from ..eval.suites import PAPER_TASKS
-from .stats import BETTER, Difference, paired
+from ..stats import BETTER, Difference, paired
 
 PAPER_ROWS = {"baseline": "Baseline", "ddl_dv1": "DDL (d_v=1)", "ddl_dv4": "DDL (d_v=4)",
               "ddl_dv4_cc": "DDL-CC", "ddl_dv4_ec": "DDL-EC", "ddl_dv4_cc_ec": "DDL-CC-EC"}

@@ -2,12 +2,12 @@
 
 from .config import RunConfig, TrainConfig
 
-__all__ = ["RunConfig", "TrainConfig", "train", "Trainer", "RunResult", "NonFiniteLoss", "Interrupted",
+__all__ = ["RunConfig", "TrainConfig", "train", "Trainer", "RunResult", "NonFiniteLoss", "Interrupted", "Pruned",
            "load_checkpoint_model", "MetricLogger", "ConsoleLogger", "JsonlLogger", "MultiLogger"]
 
 
 def __getattr__(name):  # torch loads on first use, so configs stay cheap to import
-    if name in ("train", "Trainer", "RunResult", "NonFiniteLoss", "Interrupted"):
+    if name in ("train", "Trainer", "RunResult", "NonFiniteLoss", "Interrupted", "Pruned"):
         from . import loop
         return getattr(loop, name)
     if name == "load_checkpoint_model":

@@ -36,6 +36,11 @@ class Interrupted(RuntimeError):
         self.signum = signum
 
 
+class Pruned(RuntimeError):
+    """`stop_early` stopped the run at a validation (a search's pruner), after a checkpoint was written: a
+    search that later wants the trial continues it from there."""
+
+
 @dataclass
 class RunResult:
     final: dict[str, float]
@@ -129,6 +134,7 @@ class Trainer:
         self._setup_data(data_root)
         self._setup_model()
         self.step, self.resumed_from = 0, None
+        self.stop_early = None   # (step, val/loss) -> a reason to stop here, or None: a search's pruner, on rank 0
         self.last_checkpoint = self.resume()
         self.ddp = DistributedDataParallel(self.model) if self.info.world_size > 1 else None
         self.forward = self.ddp or self.model
@@ -266,10 +272,14 @@ class Trainer:
                     self.logger.log_metrics(metrics, self.step)
                 final.update(metrics)
                 stop = any_rank_signal(signals.received, self.info, self.device)   # all ranks stop at one step
-                if self.step % cfg.ckpt_every == 0 or self.step == cfg.steps or stop:
+                pruned = self.pruned(metrics)
+                if self.step % cfg.ckpt_every == 0 or self.step == cfg.steps or stop or pruned:
                     self.last_checkpoint = self.save(self.step, self.loader.state_dict())
                 if stop:
                     signals.hand_over(stop, self.step, self.last_checkpoint)
+                if pruned:
+                    self.teardown()
+                    raise Pruned(f"step {self.step}: {pruned}")
         if "val/loss" not in final:                                           # resumed an already finished run
             final.update(self.validate())
         self.teardown()
@@ -278,6 +288,15 @@ class Trainer:
                          self.resumed_from, str(self.last_checkpoint) if self.last_checkpoint else None,
                          self.device.type, {"unigram_xent_val": self.dataset.manifest["unigram_xent_val"],
                                             "dataset": str(self.dataset.path)})
+
+    def pruned(self, metrics: dict[str, float]) -> str | None:
+        """stop_early's reason to end the run at this validation (before its last step), the same on every rank."""
+        if "val/loss" not in metrics or self.step >= self.cfg.steps:     # every rank validates at the same steps
+            return None
+        reason = self.stop_early(self.step, metrics["val/loss"]) if self.stop_early and self.info.is_main else None
+        if any_rank_signal(1 if reason else None, self.info, self.device) is None:
+            return None
+        return reason or "stopped by rank 0's pruner"
 
     def teardown(self) -> None:
         """DDP's reducer must not be the last owner of the process group: it would free it holding the

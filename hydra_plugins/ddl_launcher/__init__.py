@@ -8,10 +8,29 @@ from ddl.launch.launcher import SweepLauncher
 
 class PlannedSweeper(BasicSweeper):
     """Hydra's basic sweeper without its own composition check of each job: the launcher's plan composes
-    and validates every job before anything runs (the same errors, one line each), so it was done twice."""
+    and validates every job before anything runs (the same errors, one line each), so it was done twice.
+    A searched key makes it run each row's search instead."""
 
     def validate_batch_is_legal(self, batch) -> None:
         pass
+
+    def sweep(self, arguments):
+        """A sweep with a searched key (`interval(...)`, `choice(...)`) runs each row's search
+        (ddl.launch.tuning); any other is the basic sweeper's."""
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        from ddl.launch import tuning
+        from ddl.launch.configs import ConfigError
+        from ddl.tune.space import split
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        overrides = parser.parse_overrides([*self._parse_config(), *arguments])
+        try:
+            rows, space = split(overrides)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        if not space:
+            return super().sweep(arguments)
+        return tuning.run(self.launcher, self.split_arguments(rows, None)[0], space)
 
 
 class LocalSweepLauncher(SweepLauncher):

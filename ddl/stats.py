@@ -1,4 +1,5 @@
-"""Seed statistics for the report: paired differences over seeds, their t intervals and verdicts.
+"""Seed statistics: paired differences over seeds, their t intervals and verdicts (the report's tables, the
+search's confirmation).
 
 Pure functions over {seed: value} mappings. Two arms trained from the same seed see the same
 batches in the same order (the loader's seed), so what the data order adds to a loss cancels in
@@ -10,6 +11,7 @@ no interval: a zero-width t interval would claim a certainty the items do not ha
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Mapping
@@ -20,6 +22,7 @@ MAX_SEEDS = 1000   # seeds_to_resolve gives up beyond this
 SAME = 1e-9        # differences within this relative spread are one value (float rounding)
 
 
+@functools.lru_cache(maxsize=None)
 def t_quantile(n: int, confidence: float = CONFIDENCE) -> float:
     """The two-sided t quantile for a mean over n values (n - 1 degrees of freedom)."""
     from scipy.stats import t

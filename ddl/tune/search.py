@@ -1,0 +1,93 @@
+"""One row's search through Optuna's ask-and-tell: the study is rebuilt, in memory, from the trials the
+store holds (ddl.track.searches), so the store alone is the search's state. TPE proposes the next
+values (its first trials at random, then from the model; `constant_liar` keeps trials asked together
+apart); a space of `choice(...)` keys alone is walked as a grid, in a seeded order, each point once.
+The pruner is Optuna's MedianPruner, asked by the trial itself at each of its validations.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+from .config import TuneConfig
+from .space import Dimension
+
+
+def _optuna():
+    import optuna
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
+def _frozen(trial, space: list[Dimension]):
+    """A stored trial as Optuna's FrozenTrial: complete with its loss, pruned with its curve, running
+    (asked by another launch or home, still training), or failed (diverged)."""
+    optuna = _optuna()
+    from optuna.trial import TrialState
+    states = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED, "running": TrialState.RUNNING,
+              "failed": TrialState.FAIL, "stopped": TrialState.RUNNING}
+    known = [d for d in space if d.key in trial.values]
+    return optuna.trial.create_trial(
+        state=states[trial.state], value=trial.value if trial.state == "complete" else None,
+        params={d.key: _param(d, trial.values[d.key]) for d in known},
+        distributions={d.key: d.distribution() for d in known}, intermediate_values=dict(trial.curve))
+
+
+def _param(dim: Dimension, value):
+    return str(value) if dim.categorical else value
+
+
+def study(trials, space: list[Dimension], cfg: TuneConfig):
+    optuna = _optuna()
+    startup = max(2, min(cfg.trials // 3, 10))
+    sampler = optuna.samplers.TPESampler(seed=cfg.sampler_seed, n_startup_trials=startup, multivariate=True,
+                                         constant_liar=True)
+    found = optuna.create_study(direction="minimize", sampler=sampler)
+    for trial in trials:
+        found.add_trial(_frozen(trial, space))
+    return found
+
+
+def ask(trials, space: list[Dimension], cfg: TuneConfig, n: int) -> list[dict]:
+    """The searched values of the next `n` trials, given the search's stored trials."""
+    if all(d.categorical for d in space):
+        return _grid_points(trials, space, cfg.sampler_seed)[:n]
+    asked = study(trials, space, cfg)
+    distributions = {d.key: d.distribution() for d in space}
+    return [asked.ask(distributions).params for _ in range(n)]
+
+
+def grid_size(space: list[Dimension]) -> int | None:
+    """The number of points of a space of `choice(...)` keys alone; None for a space with a range."""
+    if not all(d.categorical for d in space):
+        return None
+    size = 1
+    for d in space:
+        size *= len(d.choices)
+    return size
+
+
+def _grid_points(trials, space: list[Dimension], seed: int) -> list[dict]:
+    keys = [d.key for d in space]
+    points = [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(d.choices for d in space))]
+    random.Random(seed).shuffle(points)
+    tried = [{k: str(v) for k, v in t.values.items()} for t in trials]
+    return [p for p in points if p not in tried]
+
+
+def should_prune(trials, curve: dict[int, float], steps: int, cfg: TuneConfig) -> bool:
+    """Optuna's MedianPruner on this trial's val/loss curve so far (step -> loss) against the search's
+    completed trials at the same step, after `prune_warmup` of the steps and two completed trials."""
+    optuna = _optuna()
+    from optuna.trial import TrialState
+    if cfg.pruner == "none":
+        return False
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=int(cfg.prune_warmup * steps))
+    peers = optuna.create_study(direction="minimize")
+    for trial in trials:
+        if trial.state == "complete" and trial.role == "trial":
+            peers.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=trial.value,
+                                                      intermediate_values=dict(trial.curve)))
+    current = optuna.trial.create_trial(state=TrialState.RUNNING, intermediate_values=dict(curve))
+    return pruner.prune(peers, current)

@@ -1,0 +1,101 @@
+"""A sweep's overrides split into its rows and its search space, in Hydra's own override grammar.
+
+Plain lists (`dv=1,4`, `range(0,3)`) stay the rows, as in any sweep; a key given `interval(a, b)`
+(`tag(log, ...)` for a log scale, `int(...)` for integers) or `choice(...)` is searched within each row,
+as hydra-optuna-sweeper maps the same grammar onto Optuna's distributions. Pure but for optuna's
+distribution classes, imported where they are built.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..validation import shown
+
+
+@dataclass(frozen=True)
+class Dimension:
+    key: str
+    low: float | int | None = None          # interval(low, high)
+    high: float | int | None = None
+    log: bool = False
+    integer: bool = False
+    choices: tuple[str, ...] = ()           # choice(...): the override strings
+
+    @property
+    def categorical(self) -> bool:
+        return bool(self.choices)
+
+    def distribution(self):
+        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+        if self.categorical:
+            return CategoricalDistribution(self.choices)
+        if self.integer:
+            return IntDistribution(int(self.low), int(self.high), log=self.log)
+        return FloatDistribution(float(self.low), float(self.high), log=self.log)
+
+    def override(self, value) -> str:
+        """The override that sets this value: floats by repr, which reads back to the same float."""
+        return f"{self.key}={value if self.categorical or self.integer else repr(float(value))}"
+
+    def ends(self) -> list[str]:
+        """Overrides at the space's corners, which the plan composes and validates before anything runs."""
+        return [self.override(v) for v in (self.choices or (self.low, self.high))]
+
+    def spec(self) -> str:
+        if self.categorical:
+            return f"{self.key}=choice({', '.join(self.choices)})"
+        kind = f"int(interval({self.low}, {self.high}))" if self.integer else f"interval({self.low}, {self.high})"
+        return f"{self.key}={'tag(log, ' + kind + ')' if self.log else kind}"
+
+    def grid_step(self) -> float:
+        """A tenth of the range (of log10 for a log scale): how near a best value may sit to an end before
+        it is flagged as at the edge."""
+        if self.categorical:
+            return 0.0
+        low, high = (math.log10(self.low), math.log10(self.high)) if self.log else (self.low, self.high)
+        return (high - low) / 10
+
+
+def dimension(override) -> Dimension | None:
+    """The searched dimension of one parsed override, or None for a plain value or list (a row axis); a
+    range that cannot be searched is a one-line ValueError."""
+    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep
+    if not override.is_sweep_override():
+        return None
+    key, sweep = override.get_key_element(), override.value()
+    if isinstance(sweep, ChoiceSweep):
+        if sweep.simple_form:
+            return None
+        choices = tuple(override.sweep_string_iterator())
+        if len(choices) < 2:
+            raise ValueError(f"{key}={override.input_line.split('=', 1)[1]}: choice(...) needs two values or more")
+        return Dimension(key, choices=choices)
+    if not isinstance(sweep, IntervalSweep):
+        return None                         # range(...): a list of rows
+    text = override.input_line.split("=", 1)[1] if override.input_line else f"interval({sweep.start}, {sweep.end})"
+    log = "log" in sweep.tags
+    unknown = set(sweep.tags) - {"log"}
+    if unknown:
+        raise ValueError(f"{key}={text}: unknown tag {', '.join(sorted(unknown))}; allowed: log")
+    if not sweep.start < sweep.end:
+        raise ValueError(f"{key}={text}: an empty or reversed range; interval(low, high) needs low < high")
+    if log and sweep.start <= 0:
+        raise ValueError(f"{key}={text}: a log scale needs low > 0")
+    integer = isinstance(sweep.start, int) and isinstance(sweep.end, int)
+    return Dimension(key, sweep.start, sweep.end, log=log, integer=integer)
+
+
+def split(overrides) -> tuple[list, list[Dimension]]:
+    """(the overrides that make the rows, the searched dimensions); one key searched twice is refused."""
+    rows, space = [], []
+    for override in overrides:
+        found = dimension(override)
+        if found is None:
+            rows.append(override)
+        elif any(d.key == found.key for d in space):
+            raise ValueError(f"{found.key}={shown(found.spec())}: searched twice; give one range per key")
+        else:
+            space.append(found)
+    return rows, space
