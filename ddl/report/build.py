@@ -1,5 +1,6 @@
-"""`reports/<experiment>/`: every table as .md/.tex/.csv, Figure 2 and the Delta diagnostics by layer
-as PNG/SVG, with runs of two sizes or more the view across sizes (scaling.md/.csv, scaling_gap and
+"""`reports/<experiment>/`: every table as .md/.tex/.csv (a search's tuned table among them), Figure 2, the
+Delta diagnostics by layer and, where a key was searched or listed, the sensitivity to it as PNG/SVG; with
+runs of two sizes or more the view across sizes (scaling.md/.csv, scaling_gap and
 scaling_loss as PNG/SVG), one index.html.
 
 Reads MLflow only (through ddl.track.query). Written into a temporary sibling directory and
@@ -18,10 +19,11 @@ import pandas as pd
 
 from ..validation import safe_name
 from . import render
-from .figures import layer_diagnostics, loss_curves
+from .figures import layer_diagnostics, loss_curves, sensitivity
 from .scaling import CrossSize, cross_size
 from .scaling_figures import gap_figure, loss_figure
 from .tables import Table, accuracy_table, deltaproduct_table, evaluated, loss_table, variant_rows
+from .tuning import tuned_table
 
 SIZE_ORDER = ["small", "medium", "large", "mini", "tiny", "micro"]
 
@@ -46,10 +48,12 @@ def _unit(runs: pd.DataFrame) -> str:
     return " / ".join(units) if units else "nats/token"
 
 
-def build(experiment: str, runs: pd.DataFrame, histories: pd.DataFrame, out_root: Path) -> Report:
+def build(experiment: str, runs: pd.DataFrame, histories: pd.DataFrame, out_root: Path,
+          searches: pd.DataFrame | None = None) -> Report:
     runs = runs.assign(row=variant_rows(runs))
     sizes, unit = _sizes(runs), _unit(runs)
     tables = [loss_table(runs, sizes, unit)]
+    tables += [t for t in [tuned_table(runs, pd.DataFrame() if searches is None else searches, unit)] if t is not None]
     tables += [t for t in [deltaproduct_table(runs, sizes, unit)] if t is not None]
     for shots, tasks in evaluated(runs):
         tables += [accuracy_table(runs, size, shots, tasks) for size in sizes]
@@ -58,7 +62,8 @@ def build(experiment: str, runs: pd.DataFrame, histories: pd.DataFrame, out_root
     staging = Path(tempfile.mkdtemp(prefix=f".{experiment}.", dir=out_root))
     figures = []
     for size in sizes:
-        drawn = loss_curves(runs, histories, size, unit, staging) + layer_diagnostics(runs, size, staging)
+        drawn = loss_curves(runs, histories, size, unit, staging) + layer_diagnostics(runs, size, staging) + \
+            sensitivity(runs, size, unit, staging)
         figures += [f for f in drawn if f.endswith(".png")]
     view = cross_size(runs, tables[0], sizes, unit)
     across = _across_sizes(view, staging)

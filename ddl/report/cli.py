@@ -28,7 +28,7 @@ def _report(names: list[str] | None, out: Path | None) -> int:
     from rich.table import Table as RichTable
 
     from ..track import store
-    from ..track.query import ddl_experiments, load_histories, load_runs
+    from ..track.query import ddl_experiments, load_histories, load_runs, load_searches
     from ..validation import safe_name
     from .build import build
     from .render import compared, ours
@@ -47,7 +47,7 @@ def _report(names: list[str] | None, out: Path | None) -> int:
             print(f"ddl-report: error: experiment={experiment!r}: no ddl runs there")
             return 2
         histories = load_histories(list(runs["run_id"]), ["train/loss", "val/loss"])
-        report = build(experiment, runs, histories, out or paths.reports_dir())
+        report = build(experiment, runs, histories, out or paths.reports_dir(), load_searches(experiment))
         loss = report.tables[0]
         summary = RichTable(title=f"{experiment}: final validation loss ({report.unit})")
         summary.add_column("model")

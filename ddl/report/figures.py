@@ -95,3 +95,57 @@ def layer_diagnostics(runs: pd.DataFrame, size: str, out_dir: Path) -> list[str]
     names = save_figure(fig, f"diagnostics_{size}", out_dir)
     plt.close(fig)
     return names
+
+
+def _searched_keys(runs: pd.DataFrame) -> list[str]:
+    """The keys a search varied, and train.lr where a row's finished runs differ in it (a plain list)."""
+    from .tuning import trial_values
+    keys = list(dict.fromkeys(k for values in trial_values(runs) for k in values))
+    if "params.train.lr" in runs and "train.lr" not in keys and \
+            runs[runs["status"] == "FINISHED"].groupby("params.model.row")["params.train.lr"].nunique().gt(1).any():
+        keys.append("train.lr")
+    return keys
+
+
+def _x(runs: pd.DataFrame, key: str) -> pd.Series:
+    """Each run's value of `key`: its searched value, else its param (a plain sweep's list)."""
+    from .tuning import trial_values
+    params = runs.get(f"params.{key}", runs.get(f"params.model.{key}", pd.Series(index=runs.index, dtype=object)))
+    values = [v.get(key, p) for v, p in zip(trial_values(runs), params, strict=True)]
+    return pd.to_numeric(pd.Series(values, index=runs.index), errors="coerce")
+
+
+def sensitivity(runs: pd.DataFrame, size: str, unit: str, out_dir: Path) -> list[str]:
+    """Final validation loss against each searched value, a line per row through its finished runs (mean over
+    seeds), every trial a point, pruned trials an x at their last validation loss; a log axis where the values
+    span a factor of 4 or more."""
+    subset = runs[runs["params.model.size"] == size]
+    keys = _searched_keys(subset)
+    if not keys:
+        return []
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(keys), figsize=(7 * len(keys), 4.8), squeeze=False)
+    pruned = subset.get("tags.ddl.pruned", pd.Series(index=subset.index, dtype=object)).notna()
+    for ax, key in zip(axes[0], keys, strict=True):
+        x = _x(subset, key)
+        for i, (row, group) in enumerate(subset.groupby("params.model.row", sort=True)):
+            colour = f"C{i % 10}"
+            done = group[(group["status"] == "FINISHED") & x[group.index].notna()]
+            curve = done.groupby(x[done.index])["metrics.final/val/loss"].mean().sort_index()
+            ax.plot(curve.index, curve.values, marker="o", color=colour, label=row_label(row))
+            stopped = group[pruned[group.index] & x[group.index].notna()]
+            if len(stopped) and "metrics.val/loss" in stopped:
+                ax.scatter(x[stopped.index], stopped["metrics.val/loss"], marker="x", color=colour,
+                           label=f"{row_label(row)}: pruned (last val loss)")
+        values = x.dropna()
+        if len(values) and values.min() > 0 and values.max() >= 4 * values.min():
+            ax.set_xscale("log")
+        ax.set_xlabel(key)
+        ax.set_ylabel(f"final validation loss ({unit})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    axes[0][0].set_title(f"Sensitivity, {size} models")
+    fig.tight_layout()
+    names = save_figure(fig, f"sensitivity_{size}", out_dir)
+    plt.close(fig)
+    return names

@@ -46,7 +46,7 @@ def comparison(table: Table, key: str) -> tuple[list[str], list[list[str]]]:
     """(headers, rows) of one compared column against the baseline; the paper's columns only where
     the paper has a value for some row."""
     sizes = [s for s in PAPER_SIZES if any(s in table.cells[r, key].paper_relative for r in table.rows)]
-    headers = ["Model", "seeds", f"Δ vs baseline [{CONFIDENCE:.0%} CI]", "Δ %", "verdict"] + \
+    headers = ["Model", "seeds", f"Δ vs baseline [{table.interval}]", "Δ %", "verdict"] + \
         [f"paper Δ % ({s})" for s in sizes] + \
         ["seeds needed: ours" + (f" / paper's ({sizes[0]})" if sizes else "")]
     higher_is_better = next(c.higher_is_better for c in table.columns if c.key == key)

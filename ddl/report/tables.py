@@ -10,7 +10,7 @@ from importlib import resources
 import pandas as pd
 
 from ..eval.suites import PAPER_TASKS
-from ..stats import BETTER, Difference, paired
+from ..stats import BETTER, CONFIDENCE, Difference, paired
 
 PAPER_ROWS = {"baseline": "Baseline", "ddl_dv1": "DDL (d_v=1)", "ddl_dv4": "DDL (d_v=4)",
               "ddl_dv4_cc": "DDL-CC", "ddl_dv4_ec": "DDL-EC", "ddl_dv4_cc_ec": "DDL-CC-EC"}
@@ -66,6 +66,7 @@ class Table:
     note: str = ""
     compared: list[tuple[str, str]] = field(default_factory=list)   # (column key, heading) paired with the baseline
     evaluation: bool = False         # accuracy cells: item counts and stderrs
+    interval: str = f"{CONFIDENCE:.0%} CI"   # what the compared columns' intervals are
 
     def rank(self) -> None:
         """Rank 1: better than every other cell of its column, resolved by the paired interval;
@@ -255,6 +256,10 @@ def loss_table(runs: pd.DataFrame, sizes: list[str], unit: str) -> Table:
         _compare(table, runs[runs["params.model.size"] == size], [f"{size}/val_loss", f"{size}/val_ppl"])
     table.note = f"Loss in {unit}." + (" Paper values beside runs on its data (FineWeb-Edu, GPT-2 tokens)."
                                        if any(c.paper is not None for c in table.cells.values()) else "")
+    if runs.get("params.train.lr", pd.Series(dtype=str)).nunique() > 1:
+        table.note += (" Rows differ in train.lr: each is paired with the baseline at the same train.lr, a gap at a "
+                       "shared learning rate, not at each row's own best (the sensitivity figure; a search's tuned "
+                       "table).")
     table.rank()
     return table
 

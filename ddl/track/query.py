@@ -26,6 +26,14 @@ def load_runs(experiment: str) -> pd.DataFrame:
     return runs.rename(columns={"tags.mlflow.runName": "name"})
 
 
+def load_searches(experiment: str) -> pd.DataFrame:
+    """The experiment's searches: one row per parent run (`ddl.role=search`), with its tags and best metrics."""
+    import mlflow
+    client()
+    return mlflow.search_runs(experiment_names=[experiment], filter_string="tags.`ddl.role` = 'search'",
+                              output_format="pandas")
+
+
 def load_histories(run_ids: list[str], keys: list[str]) -> pd.DataFrame:
     c = client()
     rows = [(run_id, key, m.step, m.value) for run_id in run_ids for key in keys
