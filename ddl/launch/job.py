@@ -158,6 +158,11 @@ def _train(cfg: DictConfig, job: Job, run_dir, run, trainer, launcher: str) -> d
     log_path = run_dir / "train.log"
     with open(log_path, "a", encoding="utf-8") as log_file:
         trainer.logger = logger = _loggers(job, run_dir, run, log_file)
+        if trainer.resumed_from is not None:      # the job's output and its log say so, once
+            resumed = f"{job.name} [{job.signature}]: resumed from step {trainer.resumed_from} " \
+                      f"({trainer.last_checkpoint})"
+            print(resumed, flush=True)
+            print(resumed, file=log_file, flush=True)
         try:
             result = trainer.fit()
             logger.close()
