@@ -6,6 +6,7 @@ interrupted job ends KILLED, and the sweep prints its summary.
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -55,6 +56,13 @@ def test_sigkill_after_a_checkpoint_then_resume_logs_every_step_exactly_once(ddl
     assert out.returncode == 0, out.stderr[-3000:]
     [run] = mlflow_runs("default")
     assert run.info.status == "FINISHED" and logged_steps(run) == (list(range(1, 21)), [10, 20])
+    [run_dir] = (ddl_home / "runs").iterdir()      # one line says where it resumed, in its output and its log
+    said = re.compile(rf"ddl_dv1-micro-s0 \[{run_dir.name}\]: resumed from step (\d+) "
+                      rf"\({re.escape(str(run_dir / 'checkpoints'))}/step_0*(\d+)\.pt\)")
+    for text in (out.stdout, (run_dir / "train.log").read_text()):
+        [line] = [line for line in text.splitlines() if "resumed" in line]
+        step, in_file = said.fullmatch(line).groups()
+        assert step == in_file != "0", line
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import pytest
 
 from ddl.track import journal as journal_module
 from ddl.track import sync
+from ddl.text import plural
 from ddl.track.journal import Journal, JournalDamaged
 from tests.conftest import run_cli
 
@@ -66,9 +67,9 @@ def test_torn_last_line_is_ignored_and_a_later_append_is_read(tmp_path):
     whole = journal.records()
     with open(journal.path, "ab") as f:
         f.write(b'{"kind":"metrics","run":"' + b"a" * 32 + b'","t":1,"points":[["train/lo')   # a crash mid-append
-    assert journal.records() == whole
+    assert journal.records() == whole and journal.torn
     journal.append("status", "a" * 32, status="KILLED", end_time=None)   # the job resumed after the crash
-    assert journal.records()[:-1] == whole and journal.records()[-1]["status"] == "KILLED"
+    assert journal.records()[:-1] == whole and journal.records()[-1]["status"] == "KILLED" and not journal.torn
     assert journal.runs()["a" * 32].status == "KILLED"
 
 
@@ -258,6 +259,28 @@ def test_a_damaged_journal_is_one_line_and_the_others_sync(ddl_home, capsys):
                                 f"(changed after it was written); its runs are not synced"]
     assert out.strip().endswith("1 run created, 0 updated, 0 up to date, 0 conflicts; "
                                                       "10 points and 2 artifacts added")
+
+
+def test_a_run_whose_journal_ends_in_a_torn_record_is_said_to_stay_running(ddl_home, capsys):
+    """A crash while the run's end was appended: the rebuilt run is RUNNING, and the sync says which one, why and
+    what ends it, in one line, each time, and counts it; a run whose end is in its journal is not named."""
+    torn = _journal_a_run(ddl_home, "sig1", "1" * 32)
+    whole = torn.path.read_bytes()
+    torn.path.write_bytes(whole[:whole.rindex(b"\n", 0, -1) + 40])          # the status record, cut short
+    _journal_a_run(ddl_home, "sig2", "2" * 32)
+    from ddl.track import store
+    for created, up_to_date in ((2, 0), (0, 2)):
+        assert sync.main(["sync"]) == 0
+        out, err = capsys.readouterr()
+        run = _runs_by_origin(store.client())["1" * 32]
+        assert run.info.status == "RUNNING" and not err
+        assert out.splitlines()[:-1] == [
+            f"ddl-track sync: sig1-s0 [sig1]: MLflow run {run.info.run_id} stays RUNNING: the journal's last record "
+            f"is torn (a crash mid-write), the run's end with it if it had one; running its job again resumes and "
+            f"ends it"]
+        assert out.splitlines()[-1].endswith(
+            f"{plural(created, 'run')} created, 0 updated, {up_to_date} up to date, 0 conflicts; "
+            + ("20 points and 4 artifacts added" if created else "nothing added") + "; 1 run left RUNNING")
 
 
 def _free_port() -> int:

@@ -4,6 +4,7 @@ The server is the source of truth: what it holds FINISHED is not trained again b
 home's runs are never replaced, checkpoints travel with their runs, and an outage loses nothing.
 """
 
+import fcntl
 import json
 import os
 import shutil
@@ -102,6 +103,66 @@ def test_a_run_another_home_is_training_is_left_to_it(team_server, tmp_path):
     finally:
         busy.terminate()
         busy.wait(timeout=120)
+
+
+def await_lock_waiter(path, process, timeout_s: float = 180) -> None:
+    """Until `process` waits for the flock held on `path` (a `->` line of /proc/locks on the file's inode)."""
+    inode = os.stat(path).st_ino
+    deadline = time.time() + timeout_s
+    while not any("->" in line and line.split()[-3].endswith(f":{inode}") for line in open("/proc/locks")):
+        assert process.poll() is None and time.time() < deadline, "the job never waited for the lock"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_a_home_that_loses_the_race_for_a_job_leaves_no_running_run_anywhere(team_server, tmp_path):
+    """Another home starts the job between this home's look at the server and the creation of its own run (held
+    there: the job waits to prepare its data): the run created second is ended KILLED, tagged with the home it
+    lost to, then deleted, so neither the server's trash nor a store rebuilt from the home's journal shows it
+    RUNNING."""
+    from mlflow.entities import ViewType
+    from mlflow.tracking import MlflowClient
+
+    from ddl.launch import status
+    from ddl.launch.job import Job
+    from ddl.track import store
+    from ddl.track.journal import Journal
+    from tests.test_launch import _compose
+    home, args = tmp_path / "b", [*MICRO, "seed=3", "experiment=race"]
+    job = Job.from_config(_compose(args))
+    data_lock = home / "data" / f"{job.run.data.dataset_name()}.lock"
+    data_lock.parent.mkdir(parents=True)
+    client = MlflowClient(team_server.uri)
+    experiment = client.create_experiment("race")
+    with open(data_lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)                   # as another process preparing the same data would
+        racer = subprocess.Popen([str(VENV_BIN / "ddl-run"), *args], env={**os.environ, **home_env(team_server, home)},
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        await_lock_waiter(data_lock, racer)                # it found no rival and sets up to train
+        rival = client.create_run(experiment, tags={
+            store.SIGNATURE_TAG: job.signature, store.HOME_ID_TAG: "rival", store.HOME_TAG: "/rival/home",
+            "ddl.host": "rival-host", store.HEARTBEAT_TAG: str(int(time.time()))}).info.run_id
+    try:
+        out, _ = racer.communicate(timeout=300)
+        assert racer.returncode == 0, out[-3000:]
+        assert "running elsewhere (rival-host, /rival/home); left to it" in out, out[-3000:]
+        runs = {r.info.run_id: r for r in client.search_runs([experiment], run_view_type=ViewType.ALL)}
+        [lost] = [r for run_id, r in runs.items() if run_id != rival]
+        assert (lost.info.lifecycle_stage, lost.info.status) == ("deleted", "KILLED") and lost.info.end_time
+        assert lost.data.tags[store.LOST_CLAIM_TAG] == "to rival-host, /rival/home, which started first"
+        run_dir = home / "runs" / job.signature
+        history = Journal(run_dir).runs()[lost.info.run_id]
+        assert (history.status, history.deleted) == ("KILLED", True)
+        assert status.read(run_dir).get("state") != "running" and not list(home.rglob("step_*.pt"))
+        for target in (team_server.uri, f"sqlite:///{tmp_path / 'rebuilt.db'}"):
+            synced = run_cli("ddl-track", "sync", "--to", target, env_extra=home_env(team_server, home))
+            assert synced.returncode == 0 and "0 runs created, 0 updated, 0 up to date, 0 conflicts, 1 skipped" \
+                in synced.stdout, synced.stdout + synced.stderr
+        after = client.search_runs([experiment], run_view_type=ViewType.ALL)
+        assert [r.info.run_id for r in after if r.info.status == "RUNNING"] == [rival]
+    finally:
+        racer.kill()
+        client.set_terminated(rival, "KILLED")    # no later job of this signature waits for it
 
 
 @pytest.mark.slow

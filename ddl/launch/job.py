@@ -159,8 +159,9 @@ def _run_claimed(cfg: DictConfig, job: Job, run_dir, launcher: str, job_key: str
     run = _open_run(job, run_dir, launcher, trainer.step)
     rival = store.running_elsewhere(job.signature, besides=run.client.get_run(run.id))
     if rival and job_key is None:  # another home started it at the same moment, and first (a job of several
-        run.delete()               # tasks, whose ranks have met already, goes on)
+        run.lose_claim(rival)      # tasks, whose ranks have met already, goes on)
         return _left(job, run_dir, job_key, f"{status.ELSEWHERE} ({rival})")
+    status.write(run_dir, state="running", name=job.name, run_id=run.id, reused_from=None, error=None, note=None)
     return _train(cfg, job, run_dir, run, trainer, launcher)
 
 
@@ -170,6 +171,11 @@ def _train(cfg: DictConfig, job: Job, run_dir, run, trainer, launcher: str) -> d
     with open(log_path, "a", encoding="utf-8") as log_file:
         trainer.logger = logger = _loggers(job, run_dir, run, log_file)
         trainer.stop_early = _pruner(job, run.id)
+        if trainer.resumed_from is not None:      # the job's output and its log say so, once
+            resumed = f"{job.name} [{job.signature}]: resumed from step {trainer.resumed_from} " \
+                      f"({trainer.last_checkpoint})"
+            print(resumed, flush=True)
+            print(resumed, file=log_file, flush=True)
         try:
             result = trainer.fit()
             logger.close()
@@ -246,16 +252,13 @@ def _set_up(job: Job, run_dir):
 
 
 def _open_run(job: Job, run_dir, launcher: str, resume_step: int):
-    """The job's MLflow run (this home's, reopened by signature when its curves end where training resumes)
-    and its status file."""
+    """The job's MLflow run (this home's, reopened by signature when its curves end where training resumes)."""
     from ..track import runs
     try:
-        run = runs.open_run(job.experiment, job.signature, job.name, job.params(), _tags(job, launcher), run_dir,
-                            resume_step)
+        return runs.open_run(job.experiment, job.signature, job.name, job.params(), _tags(job, launcher), run_dir,
+                             resume_step)
     except ValueError as err:   # a deleted experiment
         raise ConfigError(str(err)) from None
-    status.write(run_dir, state="running", name=job.name, run_id=run.id, reused_from=None, error=None, note=None)
-    return run
 
 
 def _loggers(job: Job, run_dir, run, log_file):

@@ -9,8 +9,9 @@ run id in the store that created it), `t` the time of the append in ms, `sha` th
 digits of the sha256 of the canonical JSON (sorted keys, no spaces) of the rest. A line is written
 with one write(2) on an O_APPEND descriptor, so two processes appending never interleave within a
 line; `Journal.sync` makes it durable (after each checkpoint). A crash mid-append leaves a torn
-last line, which reading ignores; a later append then starts behind it on the same line, and
-reading takes what follows the torn piece. Any other line that does not check is damage.
+last line, which reading ignores (`Journal.torn` says so); a later append then starts behind it on
+the same line, and reading takes what follows the torn piece. Any other line that does not check is
+damage.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def _digest(record: dict) -> str:
 
 class Journal:
     FILE = "journal.jsonl"
+    torn = False     # after records(): its last record was torn (a crash mid-append), and so ignored
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
@@ -101,6 +103,7 @@ class Journal:
 
     def records(self) -> list[dict]:
         """Every record, checked; JournalDamaged names the first line that is neither whole nor torn."""
+        self.torn = False
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -115,6 +118,7 @@ class Journal:
                     found.append(record)
                 elif i == len(pieces) - 1 and number < len(lines):   # neither torn nor followed by a record
                     raise JournalDamaged(f"{self.path}:{number}: {error}")
+                self.torn = record is None       # the file's last piece decides
         return found
 
     @staticmethod

@@ -133,9 +133,17 @@ class TrackedRun:
         self.set_tags({**tags, **store.home_tags(), "ddl.resumed": "true"})
 
     def delete(self) -> None:
-        """Only for this home's own unfinished run (open_run's replace, a run that lost a race)."""
+        """Only for this home's own unfinished run (open_run's replace, a run that lost the claim)."""
         self.journal.append("deleted", self.id)
         self.client.delete_run(self.id)
+
+    def lose_claim(self, rival: str) -> None:
+        """This home's new run, when another home (`rival`) started its signature first: ended KILLED, saying
+        to whom it lost, then deleted, so it shows as RUNNING neither in the store's trash nor in a store its
+        journal rebuilds."""
+        self.set_tags({store.LOST_CLAIM_TAG: f"to {rival}, which started first"})
+        self.terminate("KILLED")
+        self.delete()
 
 
 def open_run(experiment: str, signature: str, run_name: str, params: dict, tags: dict, run_dir: Path,

@@ -27,6 +27,7 @@ SIGNATURE_TAG = "ddl.signature"
 ERROR_TAG, EVAL_ERROR_TAG = "ddl.error", "ddl.eval_error"
 REPLACES_TAG = "ddl.replaces"      # a run that took over the curves of a deleted one (open_run)
 REUSED_FROM_TAG = "ddl.reused_from"   # the experiment whose finished run this one copies (runs.copy_run)
+LOST_CLAIM_TAG = "ddl.lost_claim"     # on a deleted run: the home that started its signature first (runs.lose_claim)
 # Which home wrote a run (paths.home_id, and the home's host:path for people), and when it last said it was alive.
 HOME_ID_TAG, HOME_TAG, HEARTBEAT_TAG = "ddl.home_id", "ddl.home", "ddl.heartbeat"
 HEARTBEAT_S = 30          # a training run refreshes its heartbeat this often (with its metrics)

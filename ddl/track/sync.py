@@ -5,7 +5,9 @@ journal's run is found there by its uid (the store that created it still holds i
 `ddl.origin` (a run an earlier sync created); then only what the target lacks is added. A target run
 with other numbers (a param, or a point of the same key and step, of another value) is a conflict:
 one line naming both runs, and that run is left as it is. A run the target lacks is created with
-everything the journal holds. A second sync adds nothing.
+everything the journal holds. A second sync adds nothing. A run that neither the journal nor the
+target holds an end for (its job runs now or was stopped; the journal's last record is torn) stays
+RUNNING there: one line says which, why and what will end it, and the summary counts it.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class Outcome(NamedTuple):
     points: int = 0
     artifacts: int = 0
     problems: tuple[str, ...] = ()    # one line each: the conflict, an artifact that could not be uploaded
+    running: bool = False             # left RUNNING in the target: neither it nor the journal holds the run's end
 
 
 @dataclass
@@ -51,6 +54,7 @@ class SyncReport:
     points: int = 0
     artifacts: int = 0
     problems: list[str] = field(default_factory=list)
+    running: list[str] = field(default_factory=list)   # one line per run left RUNNING: why, and what ends it
 
     def add(self, outcome: Outcome) -> None:
         self.states[outcome.state] += 1
@@ -63,9 +67,10 @@ class SyncReport:
         added = (f"{plural(self.points, 'point')} and {plural(self.artifacts, 'artifact')} added"
                  if self.points or self.artifacts else "nothing added")
         skipped = "".join(f", {s[state]} {state}" for state in ("skipped", "failed") if s[state])
+        running = f"; {plural(len(self.running), 'run')} left RUNNING" if self.running else ""
         return (f"{plural(self.journals, 'journal')} into {self.target}: {plural(s['created'], 'run')} created, "
                 f"{s['updated']} updated, {s['up to date']} up to date, {plural(s['conflict'], 'conflict')}"
-                f"{skipped}; {added}")
+                f"{skipped}; {added}{running}")
 
 
 class _Held(NamedTuple):
@@ -103,14 +108,26 @@ def sync_home(runs_root: Path, target_uri: str) -> SyncReport:
     with _store_at(target_uri):
         client = store.client()
         for path in journals:
+            journal = Journal(path.parent)
             try:
-                histories = Journal(path.parent).runs()
+                histories = journal.runs()
             except JournalDamaged as err:
                 report.problems.append(f"{err}; its runs are not synced")
                 continue
             for history in histories.values():
-                report.add(_sync_or_say(history, path.parent, client))
+                outcome = _sync_or_say(history, path.parent, client)
+                report.add(outcome)
+                if outcome.running:
+                    report.running.append(_left_running(history, journal, outcome.run_id))
     return report
+
+
+def _left_running(history: RunHistory, journal: Journal, run_id: str) -> str:
+    """Which run a sync leaves RUNNING, why, and what will end it."""
+    why = ("the journal's last record is torn (a crash mid-write), the run's end with it if it had one; running "
+           "its job again resumes and ends it" if journal.torn else
+           "its journal holds no end: its job ends it, or, if it was stopped, running it again resumes and ends it")
+    return f"{history.name} [{journal.run_dir.name}]: MLflow run {run_id} stays RUNNING: {why}"
 
 
 @contextlib.contextmanager
@@ -162,9 +179,9 @@ def sync_run(history: RunHistory, run_dir: Path, client) -> Outcome:
             f"that run is left as it is",))
     missing = _missing(history, held)
     if not any(missing):
-        return Outcome("up to date", run_id)
+        return Outcome("up to date", run_id, running=_unended(history, held))
     artifacts, problems = _write(history, run_dir, client, run_id, missing)
-    return Outcome("updated", run_id, len(missing.points), artifacts, problems)
+    return Outcome("updated", run_id, len(missing.points), artifacts, problems, _unended(history, held))
 
 
 def _find(history: RunHistory, client):
@@ -195,7 +212,7 @@ def _create(history: RunHistory, run_dir: Path, client) -> Outcome:
                             run_name=history.name, tags={ORIGIN_TAG: history.uid})
     missing = _missing(history, NOTHING)
     artifacts, problems = _write(history, run_dir, client, run.info.run_id, missing)
-    return Outcome("created", run.info.run_id, len(missing.points), artifacts, problems)
+    return Outcome("created", run.info.run_id, len(missing.points), artifacts, problems, _unended(history, NOTHING))
 
 
 def _held(history: RunHistory, run, client) -> _Held:
@@ -214,6 +231,11 @@ def _held(history: RunHistory, run, client) -> _Held:
                  for item in client.list_artifacts(run_id, folder or None) if not item.is_dir}
     return _Held(run.data.params, run.data.tags, points, values, datasets, artifacts, run.info.status,
                  run.info.end_time)
+
+
+def _unended(history: RunHistory, held: _Held) -> bool:
+    """Neither the journal nor the target holds the run's end: the sync leaves it RUNNING there."""
+    return history.status not in TERMINAL and held.status not in TERMINAL
 
 
 def _conflict(history: RunHistory, held: _Held) -> str | None:
@@ -319,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for line in report.problems:
         print(scrub(f"ddl-track: {line}", target), file=sys.stderr)
+    for line in report.running:
+        print(scrub(f"ddl-track sync: {line}", target))
     if not report.journals:
         print(f"ddl-track sync: no journals in {paths.runs_dir()}; nothing to sync")
         return 0
