@@ -75,7 +75,7 @@ def _search_tags(job: Job) -> dict:
     tuning = job.tuning
     if not tuning.search:
         return {}
-    return {searches.SEARCH_TAG: tuning.search, searches.ROLE_TAG: tuning.role, searches.TRIAL_TAG: tuning.trial,
+    return {searches.SEARCH_TAG: tuning.search, searches.ROLE_TAG: tuning.role, searches.TRIAL_TAG: str(tuning.trial),
             searches.VALUES_TAG: json.dumps(job.searched, sort_keys=True), searches.PARENT_TAG: tuning.parent}
 
 

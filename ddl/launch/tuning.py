@@ -91,11 +91,12 @@ def _search(launcher, rows: list[RowSearch], tuning: TuneConfig) -> int:
     from ..track import searches
     from ..tune.search import ask, grid_size
     from .launcher import SweepFailed
-    index, resumed = 0, set()
+    index, resumed, known = 0, set(), -1
     while True:
-        batch, waiting = [], False
+        batch, waiting, counted = [], False, 0
         for row in rows:
             trials = [t for t in searches.runs_of(row.job.experiment, row.search) if t.role == "trial"]
+            counted += len(trials)
             wanted = min(tuning.trials, grid_size(row.space) or tuning.trials)
             stopped = [t for t in trials if t.state == "stopped"]
             for trial in stopped:
@@ -110,6 +111,10 @@ def _search(launcher, rows: list[RowSearch], tuning: TuneConfig) -> int:
             batch += [row.overrides(values, "trial", len(trials) + i) for i, values in enumerate(asked)]
         if not batch and not waiting:
             return index
+        if counted == known and not waiting:      # the last round's trials failed before their runs began
+            raise SweepFailed("the search's last trials failed before their MLflow runs began; the summary above "
+                              "says why")
+        known = counted
         if not batch:
             print(f"ddl-run: waiting for trials another home is training ({WAIT_FOR_OTHERS_S} s)", flush=True)
             time.sleep(WAIT_FOR_OTHERS_S)
