@@ -41,17 +41,20 @@ def _step_inputs(h, beta, v, row, j, i, in_dv, in_d, dv, d):
     return k, b, v_n
 
 
+# No helper that takes a tensor argument returns what a store's address is computed from: torch.compile
+# finds the tensors a kernel writes by following each store's address back through its TTIR, over every
+# argument of a helper call it meets, and a tensor it takes for written is an input mutated in place (an
+# input of a traced autograd Function: wrong gradients; a parameter: refused).
+
 @triton.jit
-def _update_inputs(X, dv, d, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
-    """This program's token n, its channel and feature indices and masks, the offsets of its (dv, d)
-    tile, and its X tile as fp32."""
+def _update_axes(dv, d, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's token n, its channel and feature indices and masks, and the offsets of its (dv, d) tile."""
     n = tl.program_id(0).to(tl.int64)
     j, i = tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_D)
     in_dv, in_d = j < dv, i < d
     tile = (n * dv + j[:, None]) * d + i[None, :]
     in_tile = in_dv[:, None] & in_d[None, :]
-    X_n = tl.load(X + tile, mask=in_tile, other=0.0).to(tl.float32)
-    return n, j, i, in_dv, in_d, tile, in_tile, X_n
+    return n, j, i, in_dv, in_d, tile, in_tile
 
 
 @triton.jit
@@ -75,7 +78,9 @@ def _store_step_grads(g_h, g_beta, g_v, g_k, g_b, g_res, row, j, i, in_dv, in_d,
 @triton.jit
 def _step_forward(X_n, k, b, v_n, eps2):
     """One update of a (dv, d) tile: X + w k~^T, w, rho, q."""
-    r = 1.0 / tl.sqrt(tl.sum(k * k) + eps2)                       # rho = 1 / sqrt(|k~|^2 + eps^2)
+    # rho = 1 / sqrt(|k~|^2 + eps^2), as fp32: inductor passes the float eps2 as fp64, which would make the
+    # tile fp64 (and DeltaProduct's loop-carried state change type: a compile error)
+    r = (1.0 / tl.sqrt(tl.sum(k * k) + eps2)).to(tl.float32)
     q_n = tl.sum(X_n * k[None, :], axis=1)                        # X_j . k~
     w_n = b * r * (v_n - r * q_n)
     return X_n + w_n[:, None] * k[None, :], w_n, r, q_n
@@ -99,7 +104,8 @@ def _step_backward(G_n, g_w_n, X_n, k, b, v_n, r, q_n):
 @triton.jit
 def _update_forward_kernel(X, h, beta, v, X_new, w, rho, q, eps2, dv, d,
                            BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
-    n, j, i, in_dv, in_d, tile, in_tile, X_n = _update_inputs(X, dv, d, BLOCK_DV, BLOCK_D)
+    n, j, i, in_dv, in_d, tile, in_tile = _update_axes(dv, d, BLOCK_DV, BLOCK_D)
+    X_n = tl.load(X + tile, mask=in_tile, other=0.0).to(tl.float32)
     k, b, v_n = _step_inputs(h, beta, v, n, j, i, in_dv, in_d, dv, d)
     X_n, w_n, r, q_n = _step_forward(X_n, k, b, v_n, eps2)
     tl.store(X_new + tile, X_n.to(X_new.dtype.element_ty), mask=in_tile)
@@ -111,7 +117,8 @@ def _update_forward_kernel(X, h, beta, v, X_new, w, rho, q, eps2, dv, d,
 @triton.jit
 def _update_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, dv, d,
                             HAS_G_W: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
-    n, j, i, in_dv, in_d, tile, in_tile, X_n = _update_inputs(X, dv, d, BLOCK_DV, BLOCK_D)
+    n, j, i, in_dv, in_d, tile, in_tile = _update_axes(dv, d, BLOCK_DV, BLOCK_D)
+    X_n = tl.load(X + tile, mask=in_tile, other=0.0).to(tl.float32)
     k, b, v_n = _step_inputs(h, beta, v, n, j, i, in_dv, in_d, dv, d)
     G_n = tl.load(G + tile, mask=in_tile, other=0.0).to(tl.float32)
     r, q_n, g_w_n = _step_saved(rho, q, g_w, n, j, in_dv, dv, HAS_G_W)
@@ -126,7 +133,8 @@ def _update_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v
 @triton.jit
 def _update_steps_forward_kernel(X, h, beta, v, X_new, w, rho, q, eps2, S, dv, d,
                                  BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
-    n, j, i, in_dv, in_d, tile, in_tile, X_n = _update_inputs(X, dv, d, BLOCK_DV, BLOCK_D)
+    n, j, i, in_dv, in_d, tile, in_tile = _update_axes(dv, d, BLOCK_DV, BLOCK_D)
+    X_n = tl.load(X + tile, mask=in_tile, other=0.0).to(tl.float32)
     for s in range(S):
         row = n * S + s
         k, b, v_n = _step_inputs(h, beta, v, row, j, i, in_dv, in_d, dv, d)
@@ -142,7 +150,8 @@ def _update_steps_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_bet
                                   HAS_G_W: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
     """The steps' backwards in reverse, dL/dX_s carried in registers; the state before step s recomputed as
     X + sum over p < s of w_p k~_p^T (w_p from the saved rho and q), never stored."""
-    n, j, i, in_dv, in_d, tile, in_tile, X_0 = _update_inputs(X, dv, d, BLOCK_DV, BLOCK_D)
+    n, j, i, in_dv, in_d, tile, in_tile = _update_axes(dv, d, BLOCK_DV, BLOCK_D)
+    X_0 = tl.load(X + tile, mask=in_tile, other=0.0).to(tl.float32)
     G_n = tl.load(G + tile, mask=in_tile, other=0.0).to(tl.float32)
     for back in range(S):
         s = S - 1 - back
@@ -186,15 +195,14 @@ def _rows_at(x, n, shift, valid, i, in_d, d):
 
 
 @triton.jit
-def _chunk_start(A, N, L, dv, d, TOKENS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr,
+def _chunk_start(N, L, dv, d, TOKENS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr,
                  BLOCK_D: tl.constexpr):
-    """A backward program's axes (as _axes), its taps, a zero (lag, j, i) accumulator for their
-    gradient, and its chunk's tokens [first, last)."""
+    """A backward program's axes (as _axes), a zero (lag, j, i) accumulator for its taps' gradient, and its
+    chunk's tokens [first, last)."""
     lag, j, i, in_L, in_dv, in_d = _axes(L, dv, d, BLOCK_L, BLOCK_DV, BLOCK_D)
-    taps = _taps(A, lag, j, i, in_L, in_dv, in_d, L, d)
     first = tl.program_id(0).to(tl.int64) * TOKENS
     acc = tl.zeros((BLOCK_L, BLOCK_DV, BLOCK_D), dtype=tl.float32)
-    return lag, j, i, in_L, in_dv, in_d, taps, acc, first, tl.minimum(first + TOKENS, N)
+    return lag, j, i, in_L, in_dv, in_d, acc, first, tl.minimum(first + TOKENS, N)
 
 
 @triton.jit
@@ -222,8 +230,8 @@ def _read_forward_kernel(X, A, x, T, L, dv, d, BLOCK_L: tl.constexpr, BLOCK_DV: 
 def _read_backward_kernel(g, X, A, g_X, partials, N, T, L, dv, d, TOKENS: tl.constexpr,
                           BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
     """g_X[t, j] = sum over lag of A[j, :, L-1-lag] * g[t+lag]; the taps' partial sum_t X[t, j] * g[t+lag]."""
-    lag, j, i, in_L, in_dv, in_d, taps, acc, first, last = _chunk_start(A, N, L, dv, d, TOKENS, BLOCK_L, BLOCK_DV,
-                                                                      BLOCK_D)
+    lag, j, i, in_L, in_dv, in_d, acc, first, last = _chunk_start(N, L, dv, d, TOKENS, BLOCK_L, BLOCK_DV, BLOCK_D)
+    taps = _taps(A, lag, j, i, in_L, in_dv, in_d, L, d)
     in_tile = in_dv[:, None] & in_d[None, :]
     for n in range(first, last):
         g_ahead = _rows_at(g, n, lag, in_L & (n % T + lag < T), i, in_d, d)      # g[t + lag] (lag, i)
@@ -253,8 +261,8 @@ def _rank_one_backward_kernel(g, w, h, A, g_w_partials, g_h, partials, N, T, L, 
                               BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
     """With A_lag = A[:, :, L-1-lag] and P = g[t+lag] * k~[t]: g_k~[t] = sum over lag of g[t+lag] * (w[t] A_lag),
     this block's share of g_w[t, j] = sum over lag, i of P A_lag[j], and the taps' partial sum_t w[t, j] P."""
-    lag, j, i, in_L, in_dv, in_d, taps, acc, first, last = _chunk_start(A, N, L, dv, d, TOKENS, BLOCK_L, BLOCK_DV,
-                                                                      BLOCK_D)
+    lag, j, i, in_L, in_dv, in_d, acc, first, last = _chunk_start(N, L, dv, d, TOKENS, BLOCK_L, BLOCK_DV, BLOCK_D)
+    taps = _taps(A, lag, j, i, in_L, in_dv, in_d, L, d)
     block = tl.program_id(1).to(tl.int64)
     for n in range(first, last):
         g_ahead = _rows_at(g, n, lag, in_L & (n % T + lag < T), i, in_d, d)
@@ -285,8 +293,8 @@ def _expand_forward_kernel(x, E, X, T, L, dv, d, BLOCK_L: tl.constexpr, BLOCK_DV
 def _expand_backward_kernel(g, x, E, g_x, partials, N, T, L, dv, d, TOKENS: tl.constexpr,
                             BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
     """g_x[t] = sum over lag, j of E[j, :, L-1-lag] * g[t+lag, j]; the taps' partial sum_t g[t+lag, j] * x[t]."""
-    lag, j, i, in_L, in_dv, in_d, taps, acc, first, last = _chunk_start(E, N, L, dv, d, TOKENS, BLOCK_L, BLOCK_DV,
-                                                                      BLOCK_D)
+    lag, j, i, in_L, in_dv, in_d, acc, first, last = _chunk_start(N, L, dv, d, TOKENS, BLOCK_L, BLOCK_DV, BLOCK_D)
+    taps = _taps(E, lag, j, i, in_L, in_dv, in_d, L, d)
     for n in range(first, last):
         ahead = in_L & (n % T + lag < T)
         offsets = ((n + lag[:, None, None]) * dv + j[None, :, None]) * d + i[None, None, :]
