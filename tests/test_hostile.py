@@ -3,6 +3,7 @@ and nothing created (no store, no run, no folder): names that become paths or sc
 a type check but cannot train, and the other entry points' arguments."""
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -46,9 +47,22 @@ def test_bad_values_are_one_line_before_anything_is_created(ddl_home, override, 
 
 
 def assert_nothing_created(home):
-    """No store, no run folder, no half-built dataset, no folder outside DDL_HOME's own."""
-    assert not (home / "mlflow.db").exists() and not any((home / "runs").glob("*"))
-    assert not any((home / "data").glob("*.partial")) and not any(home.parent.glob("20*"))
+    """Nothing in DDL_HOME (no store, no run folder, no Hydra run folder, no half-built dataset, not an empty
+    folder) and nothing beside it."""
+    assert not home.exists() or not any(home.iterdir()), sorted(home.rglob("*"))
+    assert [p.name for p in home.parent.iterdir()] in ([], [home.name])
+
+
+def test_a_run_refused_after_hydra_started_takes_away_what_hydra_wrote(ddl_home):
+    """Hydra writes the run's folder (.hydra/, its log) before ddl's checks run: the refusal removes it, and
+    keeps an earlier run's folder beside it."""
+    earlier = ddl_home / "hydra" / "default" / "2000-01-01_00-00-00"
+    earlier.mkdir(parents=True)
+    (earlier / "cli.log").write_text("an earlier run's log\n")
+    out = run_cli("ddl-run", *SMOKE, "ddl.k_eps=nan")
+    assert_one_line(out, "ddl-run: error: ", "k_eps=nan: must be a finite number >= 0")
+    assert sorted(p.relative_to(earlier.parent) for p in ddl_home.rglob("*") if earlier.parent in p.parents) == [
+        Path(earlier.name), Path(earlier.name, "cli.log")]
 
 
 @pytest.mark.slow
