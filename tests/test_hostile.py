@@ -72,6 +72,19 @@ def test_a_misspelt_eval_task_is_found_before_training(ddl_home):
     assert_nothing_created(ddl_home)
 
 
+def test_a_file_that_is_not_utf8_stops_a_run_in_one_line_of_its_own_and_leaves_nothing(ddl_home, tmp_path_factory):
+    corpus = tmp_path_factory.mktemp("corpus")
+    (corpus / "a.txt").write_text("An English document. " * 100)
+    (corpus / "b.txt").write_bytes("Un café, s'il vous plaît. ".encode("latin-1") * 100)
+    out = run_cli("ddl-run", *SMOKE, "data=files", f"data.files={corpus}/*.txt", "data.tokenizer=byte")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[-1] == (
+        f"ddl-run: error: data.files='{corpus}/*.txt': {corpus / 'b.txt'}: not utf-8 at byte 6 (0xe9); set "
+        "data.encoding=<the files' encoding> (latin-1, cp1252, ...) or data.encoding_errors=replace (or ignore)")
+    assert out.stderr.count("ddl-run:") == 1                      # the tokenizing bar's line ended before it
+    assert_nothing_created(ddl_home)
+
+
 def test_a_newline_in_a_launcher_setting_never_reaches_a_job_script(ddl_home):
     out = run_cli("ddl-run", "-m", *SMOKE, 'hydra.launcher.name="x\n#SBATCH --wrap=touch /tmp/owned"')
     assert_one_line(out, "ddl-run: error: ", "hydra.launcher.name='x\\n#SBATCH --wrap=touch /tmp/owned': must be "

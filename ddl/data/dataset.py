@@ -132,19 +132,21 @@ def _build(cfg: DataConfig, work: Path, progress: bool) -> dict:
             writer.flush()
         _write_json(progress_path, state)
 
-    for doc in itertools.islice(documents(cfg), state["docs_done"], None):
-        split = "val" if is_val(doc, cfg.val_fraction) else "train"
-        ids = tokenizer.encode(doc)
-        writers[split].add(ids, tokenizer.eot, len(doc.encode("utf-8")))
-        state["docs_done"] += 1
-        bar.update(len(ids) + 1)
-        if writers["train"].buffered >= SHARD_TOKENS:
-            checkpoint()
-        written = sum(state[s]["tokens"] + writers[s].buffered for s in SPLITS)
-        if budget is not None and written >= budget:
-            break
-    checkpoint()
-    bar.close()
+    try:
+        for doc in itertools.islice(documents(cfg), state["docs_done"], None):
+            split = "val" if is_val(doc, cfg.val_fraction) else "train"
+            ids = tokenizer.encode(doc)
+            writers[split].add(ids, tokenizer.eot, len(doc.encode("utf-8")))
+            state["docs_done"] += 1
+            bar.update(len(ids) + 1)
+            if writers["train"].buffered >= SHARD_TOKENS:
+                checkpoint()
+            written = sum(state[s]["tokens"] + writers[s].buffered for s in SPLITS)
+            if budget is not None and written >= budget:
+                break
+        checkpoint()
+    finally:
+        bar.close()         # ends the bar's line: an error is a line of its own
     for split in SPLITS:
         if not state[split]["tokens"]:
             raise ValueError(f"data.source={cfg.source!r}: the {split} split came out empty "
