@@ -177,10 +177,38 @@ def _hydra_app(config_path: str):
         try:
             return _run_one(cfg)
         except ConfigError as err:  # exit here: Hydra would log a second line for an exception
+            _leave_nothing()
             print(f"ddl-run: error: {err}", file=sys.stderr)
             sys.exit(2)
 
     return app
+
+
+def _leave_nothing() -> None:
+    """A refused run leaves nothing, as a dry run does: Hydra wrote the run's .hydra/ and log before ddl's
+    checks ran, so they go, with each folder of DDL_HOME left empty (`paths.prune`). A sweep's job keeps
+    its folder: the sweep's logs are there."""
+    import logging
+    import shutil
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from . import paths
+    hydra = HydraConfig.get()
+    if hydra.mode != RunMode.RUN:
+        return
+    folder = Path(hydra.runtime.output_dir)
+    if hydra.output_subdir is not None:
+        shutil.rmtree(folder / hydra.output_subdir, ignore_errors=True)
+    root = logging.getLogger()
+    for handler in list(root.handlers):     # Hydra's job log (a closed FileHandler would open it again)
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == folder:
+            root.removeHandler(handler)
+            handler.close()
+            Path(handler.baseFilename).unlink(missing_ok=True)
+    paths.prune(folder)
 
 
 def _run_one(cfg):

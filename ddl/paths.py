@@ -85,6 +85,19 @@ def home_id() -> str:
         return path.read_text().strip()
 
 
+def prune(folder: Path) -> None:
+    """Remove `folder`, then each parent in turn, while it is empty: below DDL_HOME only (never DDL_HOME
+    itself, nor a folder outside it). What a refused run made goes with it; a folder that holds
+    anything, another process's included, stays."""
+    top = home()
+    while top in folder.parents:
+        try:
+            folder.rmdir()
+        except OSError:             # not empty, or not there
+            return
+        folder = folder.parent
+
+
 def write_atomic(path: Path, data: bytes | str | Callable[[BinaryIO], object], durable: bool = False) -> None:
     """Write through a temp file and a rename: a reader sees the old file or the new one, never a
     torn one. `data` is the content, or a function that writes it to the open file (torch.save).

@@ -191,7 +191,64 @@ def test_ddl_data_prepares_python_source(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize("kwargs, key", [
     (dict(source="web"), "data.source"), (dict(tokenizer="words"), "data.tokenizer"),
-    (dict(source="files"), "data.files"), (dict(val_fraction=0.0), "data.val_fraction")])
+    (dict(source="files"), "data.files"), (dict(val_fraction=0.0), "data.val_fraction"),
+    (dict(encoding="klingon"), "data.encoding"), (dict(encoding="base64"), "data.encoding"),
+    (dict(encoding_errors="skip"), "data.encoding_errors")])
 def test_invalid_data_configs(kwargs, key):
     with pytest.raises(ValueError, match=rf"^{key}="):
         DataConfig(**kwargs)
+
+
+def test_a_file_that_is_not_utf8_is_one_line_naming_it_its_byte_and_the_way_out(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DDL_HOME", str(tmp_path / "home"))
+    for i in range(40):
+        (tmp_path / f"a{i:02d}.txt").write_text(f"English document {i} in plain ASCII. " * 30)
+    (tmp_path / "b.txt").write_bytes("Un café au lait, s'il vous plaît. ".encode("latin-1") * 30)
+    files = str(tmp_path / "*.txt")
+    assert data_cli(["prepare", "--source", "files", "--files", files]) == 2
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines == [f"ddl-data: error: data.files='{files}': {tmp_path / 'b.txt'}: not utf-8 at byte 6 (0xe9); set "
+                     "data.encoding=<the files' encoding> (latin-1, cp1252, ...) or data.encoding_errors=replace "
+                     "(or ignore)"]
+    assert not (tmp_path / "home").exists() or not any((tmp_path / "home").iterdir())   # no lock, no .partial
+    assert data_cli(["prepare", "--source", "files", "--files", files, "--encoding", "latin-1"]) == 0
+    assert data_cli(["prepare", "--source", "files", "--files", files, "--encoding-errors", "replace"]) == 0
+    latin1, replaced = sorted((tmp_path / "home" / "data").glob("files-byte-*/"), key=lambda p: p.stat().st_mtime)
+    assert "\ufffd" not in open_dataset(latin1).tokenizer().decode(open_dataset(latin1).train.concatenated().tolist())
+    assert latin1.name != replaced.name != DataConfig(source="files", files=files).dataset_name()
+
+
+def test_the_default_encoding_keeps_the_names_of_earlier_datasets():
+    cfg = DataConfig(source="files", files="corpus/*.txt", tokenizer="bpe")
+    assert cfg.dataset_name() == "files-bpe-cfd1dd0c"                          # as before the encoding keys
+    assert DataConfig(source="files", files="corpus/*.txt", tokenizer="bpe", encoding="UTF8").dataset_name() == \
+        cfg.dataset_name()                                                     # one codec, however it is spelt
+    assert DataConfig(source="files", files="corpus/*.txt", tokenizer="bpe", encoding="latin-1").source_params()[
+        "encoding"] == "iso8859-1"
+    assert "encoding" not in DataConfig(encoding="latin-1").source_params()      # the embedded text has none
+
+
+def _no_text_column(path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"body": ["text under another name " * 20] * 3}), path)
+
+
+@pytest.mark.parametrize("name, write, message", [
+    ("rows.jsonl", lambda p: p.write_text('{"text": "first row"}\n{"body": "no text"}\n'),
+     "line 2: must be JSON Lines, one object with a 'text' string per line"),
+    ("rows.jsonl", lambda p: p.write_bytes(b'{"text": "first row"}\n{"text": "caf\xe9"}\n'),
+     "not utf-8 at byte 35 (0xe9); set data.encoding="),
+    ("table.parquet", _no_text_column, "no 'text' column (its columns: body)"),
+    ("table.parquet", lambda p: p.write_bytes(b"PAR1 not a parquet file"), "Parquet magic bytes not found"),
+    ("notes.csv", lambda p: p.write_text("a,b\n"), "not .txt, .jsonl or .parquet"),
+])
+def test_each_failure_of_a_file_is_one_line_naming_it_and_leaves_nothing(tmp_path, name, write, message):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("A good document. " * 300)
+    write(tmp_path / "in" / name)
+    files = str(tmp_path / "in" / "*")
+    with pytest.raises(ValueError) as refused:
+        prepare(DataConfig(source="files", files=files), root=tmp_path / "d", progress=False)
+    assert str(refused.value).startswith(f"data.files='{files}': {tmp_path / 'in' / name}: {message}")
+    assert "\n" not in str(refused.value) and not any((tmp_path / "d").iterdir())

@@ -3,6 +3,7 @@ and nothing created (no store, no run, no folder): names that become paths or sc
 a type check but cannot train, and the other entry points' arguments."""
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -46,15 +47,41 @@ def test_bad_values_are_one_line_before_anything_is_created(ddl_home, override, 
 
 
 def assert_nothing_created(home):
-    """No store, no run folder, no half-built dataset, no folder outside DDL_HOME's own."""
-    assert not (home / "mlflow.db").exists() and not any((home / "runs").glob("*"))
-    assert not any((home / "data").glob("*.partial")) and not any(home.parent.glob("20*"))
+    """Nothing in DDL_HOME (no store, no run folder, no Hydra run folder, no half-built dataset, not an empty
+    folder) and nothing beside it."""
+    assert not home.exists() or not any(home.iterdir()), sorted(home.rglob("*"))
+    assert [p.name for p in home.parent.iterdir()] in ([], [home.name])
+
+
+def test_a_run_refused_after_hydra_started_takes_away_what_hydra_wrote(ddl_home):
+    """Hydra writes the run's folder (.hydra/, its log) before ddl's checks run: the refusal removes it, and
+    keeps an earlier run's folder beside it."""
+    earlier = ddl_home / "hydra" / "default" / "2000-01-01_00-00-00"
+    earlier.mkdir(parents=True)
+    (earlier / "cli.log").write_text("an earlier run's log\n")
+    out = run_cli("ddl-run", *SMOKE, "ddl.k_eps=nan")
+    assert_one_line(out, "ddl-run: error: ", "k_eps=nan: must be a finite number >= 0")
+    assert sorted(p.relative_to(earlier.parent) for p in ddl_home.rglob("*") if earlier.parent in p.parents) == [
+        Path(earlier.name), Path(earlier.name, "cli.log")]
 
 
 @pytest.mark.slow
 def test_a_misspelt_eval_task_is_found_before_training(ddl_home):
     out = run_cli("ddl-run", *SMOKE, "eval.tasks=[arc_easyy]", "eval.shots=[0]")
     assert_one_line(out, "ddl-run: error: ", "eval.tasks='arc_easyy': not an lm-eval task; did you mean arc_easy")
+    assert_nothing_created(ddl_home)
+
+
+def test_a_file_that_is_not_utf8_stops_a_run_in_one_line_of_its_own_and_leaves_nothing(ddl_home, tmp_path_factory):
+    corpus = tmp_path_factory.mktemp("corpus")
+    (corpus / "a.txt").write_text("An English document. " * 100)
+    (corpus / "b.txt").write_bytes("Un café, s'il vous plaît. ".encode("latin-1") * 100)
+    out = run_cli("ddl-run", *SMOKE, "data=files", f"data.files={corpus}/*.txt", "data.tokenizer=byte")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[-1] == (
+        f"ddl-run: error: data.files='{corpus}/*.txt': {corpus / 'b.txt'}: not utf-8 at byte 6 (0xe9); set "
+        "data.encoding=<the files' encoding> (latin-1, cp1252, ...) or data.encoding_errors=replace (or ignore)")
+    assert out.stderr.count("ddl-run:") == 1                      # the tokenizing bar's line ended before it
     assert_nothing_created(ddl_home)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .. import paths
 from ..text import plural
-from .config import SOURCES, TOKENIZERS, DataConfig
+from .config import ENCODING_ERRORS, SOURCES, TOKENIZERS, DataConfig
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -18,6 +18,9 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--source", choices=SOURCES, default="embedded")
     prep.add_argument("--tokenizer", choices=TOKENIZERS, default="byte")
     prep.add_argument("--files", help="glob of .txt/.jsonl/.parquet files (source=files)")
+    prep.add_argument("--encoding", default=DataConfig.encoding, help="of the .txt/.jsonl files (source=files)")
+    prep.add_argument("--encoding-errors", choices=ENCODING_ERRORS, default=DataConfig.encoding_errors,
+                      help="a byte the encoding cannot decode: refuse the file, replace it with U+FFFD, or drop it")
     prep.add_argument("--fineweb-name", default=DataConfig.fineweb_name, help="Hub id or local parquet glob")
     prep.add_argument("--tokens", type=int, default=DataConfig.fineweb_tokens, help="fineweb_edu token budget")
     prep.add_argument("--bpe-vocab", type=int, default=DataConfig.bpe_vocab)
@@ -37,14 +40,15 @@ def main(argv: list[str] | None = None) -> int:
                              indent=1))
             return 0
         from .dataset import MANIFEST, open_dataset, prepare
-        cfg = DataConfig(source=args.source, tokenizer=args.tokenizer, files=args.files,
-                         fineweb_name=args.fineweb_name, fineweb_tokens=args.tokens, bpe_vocab=args.bpe_vocab)
+        cfg = DataConfig(source=args.source, tokenizer=args.tokenizer, files=args.files, encoding=args.encoding,
+                         encoding_errors=args.encoding_errors, fineweb_name=args.fineweb_name,
+                         fineweb_tokens=args.tokens, bpe_vocab=args.bpe_vocab)
         existed = (paths.data_dir() / cfg.dataset_name() / MANIFEST).is_file()
         path = prepare(cfg, force=args.force)
     except ValueError as err:
         print(f"ddl-data: error: {err}")
         return 2
-    except OSError as err:   # a read-only or full DDL_HOME, an unreadable input file
+    except OSError as err:   # a read-only or full DDL_HOME (an unreadable input file is a ValueError naming it)
         print(f"ddl-data: error: {err.filename or paths.data_dir()}: {err.strerror or err}")
         return 1
     if existed and not args.force:

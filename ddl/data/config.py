@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import importlib.metadata
+import io
 import json
 import platform
 from dataclasses import asdict, dataclass
@@ -12,6 +14,7 @@ from ..validation import failure, is_int, is_number
 
 SOURCES = ("embedded", "python_source", "files", "fineweb_edu")
 TOKENIZERS = ("byte", "bpe", "gpt2")
+ENCODING_ERRORS = ("strict", "replace", "ignore")   # what a byte the encoding cannot decode does (Python's names)
 GPT2_VOCAB = 50257
 VAL_FRACTION = 0.1   # the share of documents held out by default (the offline eval task reads the embedded one's)
 
@@ -29,6 +32,8 @@ class DataConfig:
     source: str = "embedded"
     tokenizer: str = "byte"
     files: str | None = None                          # glob of .txt/.jsonl/.parquet (source=files)
+    encoding: str = "utf-8"                           # of those .txt/.jsonl files
+    encoding_errors: str = "strict"                   # strict (refuse the file) | replace (with U+FFFD) | ignore
     fineweb_name: str = "HuggingFaceFW/fineweb-edu"   # a Hub id, or a local parquet glob
     fineweb_config: str = "sample-10BT"
     fineweb_tokens: int = 100_000_000
@@ -45,6 +50,12 @@ class DataConfig:
         for key in ("files", "fineweb_name", "fineweb_config"):
             if getattr(self, key) is not None and not isinstance(getattr(self, key), str):
                 _fail(key, getattr(self, key), "must be a string")
+        try:                                          # what open() takes: a text encoding Python knows
+            io.TextIOWrapper(io.BytesIO(), encoding=self.encoding)
+        except (LookupError, TypeError):
+            _fail("encoding", self.encoding, "must be a text encoding Python knows (utf-8, latin-1, cp1252, ...)")
+        if self.encoding_errors not in ENCODING_ERRORS:
+            _fail("encoding_errors", self.encoding_errors, f"must be one of {', '.join(ENCODING_ERRORS)}")
         if not is_number(self.val_fraction) or not 0.0 < self.val_fraction < 0.5:
             _fail("val_fraction", self.val_fraction, "must be a number in (0, 0.5)")
         if not is_int(self.fineweb_tokens) or self.fineweb_tokens < 1:
@@ -55,8 +66,10 @@ class DataConfig:
     def source_params(self) -> dict:
         """The fields that decide the tokens (what a dataset directory is named by)."""
         params = {"source": self.source, "tokenizer": self.tokenizer, "val_fraction": self.val_fraction}
-        if self.source == "files":
+        if self.source == "files":   # its encoding only where it is not the default: earlier names stay
             params["files"] = self.files
+            decoding = {"encoding": codecs.lookup(self.encoding).name, "encoding_errors": self.encoding_errors}
+            params.update({key: value for key, value in decoding.items() if value != getattr(DataConfig, key)})
         if self.source == "fineweb_edu":
             params.update(name=self.fineweb_name, config=self.fineweb_config, tokens=self.fineweb_tokens)
         if self.source == "python_source":

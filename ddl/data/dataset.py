@@ -46,12 +46,30 @@ def _write_json(path: Path, obj) -> None:
 
 @contextlib.contextmanager
 def _locked(path: Path):
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    """An flock on `path`, whose holder may remove it and its folder (a refused build leaves nothing): a
+    waiter that then gets the lock of the removed file locks the path's new one instead."""
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            handle = open(path, "a")
+        except FileNotFoundError:     # the folder, empty, was removed between the two
+            continue
+        with handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                if _still_named(handle, path):
+                    yield
+                    return
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _still_named(handle, path: Path) -> bool:
+    """Whether `path` is still the open file (not a new one beside a removed one, nor none)."""
+    try:
+        return os.path.samestat(os.fstat(handle.fileno()), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 class _SplitWriter:
@@ -114,19 +132,21 @@ def _build(cfg: DataConfig, work: Path, progress: bool) -> dict:
             writer.flush()
         _write_json(progress_path, state)
 
-    for doc in itertools.islice(documents(cfg), state["docs_done"], None):
-        split = "val" if is_val(doc, cfg.val_fraction) else "train"
-        ids = tokenizer.encode(doc)
-        writers[split].add(ids, tokenizer.eot, len(doc.encode("utf-8")))
-        state["docs_done"] += 1
-        bar.update(len(ids) + 1)
-        if writers["train"].buffered >= SHARD_TOKENS:
-            checkpoint()
-        written = sum(state[s]["tokens"] + writers[s].buffered for s in SPLITS)
-        if budget is not None and written >= budget:
-            break
-    checkpoint()
-    bar.close()
+    try:
+        for doc in itertools.islice(documents(cfg), state["docs_done"], None):
+            split = "val" if is_val(doc, cfg.val_fraction) else "train"
+            ids = tokenizer.encode(doc)
+            writers[split].add(ids, tokenizer.eot, len(doc.encode("utf-8")))
+            state["docs_done"] += 1
+            bar.update(len(ids) + 1)
+            if writers["train"].buffered >= SHARD_TOKENS:
+                checkpoint()
+            written = sum(state[s]["tokens"] + writers[s].buffered for s in SPLITS)
+            if budget is not None and written >= budget:
+                break
+        checkpoint()
+    finally:
+        bar.close()         # ends the bar's line: an error is a line of its own
     for split in SPLITS:
         if not state[split]["tokens"]:
             raise ValueError(f"data.source={cfg.source!r}: the {split} split came out empty "
@@ -138,10 +158,9 @@ def _build(cfg: DataConfig, work: Path, progress: bool) -> dict:
 def prepare(cfg: DataConfig, root: Path | None = None, force: bool = False, progress: bool = True) -> Path:
     """Build the dataset for `cfg` (resumably), or return it when it is already finished."""
     root = Path(root) if root is not None else paths.data_dir()
-    root.mkdir(parents=True, exist_ok=True)
     name = cfg.dataset_name()
-    final, work = root / name, root / f"{name}.partial"
-    with _locked(root / f"{name}.lock"):
+    final, work, lock = root / name, root / f"{name}.partial", root / f"{name}.lock"
+    with _locked(lock):
         if (final / MANIFEST).is_file() and not force:
             return final
         if final.exists():
@@ -153,9 +172,11 @@ def prepare(cfg: DataConfig, root: Path | None = None, force: bool = False, prog
         work.mkdir(exist_ok=True)
         try:
             built = _build(cfg, work, progress)
-        except ValueError:          # bad input: nothing worth resuming
+        except ValueError:          # bad input: nothing worth resuming, nothing left
             if fresh:
                 shutil.rmtree(work)
+                lock.unlink()
+                paths.prune(root)
             raise
         manifest = {
             "format": FORMAT, "name": name, "dtype": "uint16", "created": datetime.now(timezone.utc).isoformat(),

@@ -18,9 +18,11 @@ The text depends on the Python and torch versions: both are part of the dataset'
 
 from __future__ import annotations
 
+import codecs
 import glob
 import hashlib
 import importlib.util
+import itertools
 import json
 import sysconfig
 import tokenize
@@ -82,9 +84,9 @@ def _rows_text(rows) -> Iterator[str]:
             yield text
 
 
-def _json_lines(path: str) -> Iterator[dict]:
-    """JSON Lines (also under a .json name): one object with a `text` field per line."""
-    with open(path, encoding="utf-8") as lines:
+def _json_lines(path: str, cfg: DataConfig) -> Iterator[str]:
+    """JSON Lines (also under a .json name): one object with a `text` field (a string, or null) per line."""
+    with open(path, encoding=cfg.encoding, errors=cfg.encoding_errors) as lines:
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -92,27 +94,74 @@ def _json_lines(path: str) -> Iterator[dict]:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 row = None
-            if not isinstance(row, dict):
-                raise ValueError(f"data.files: {path}:{number}: must be JSON Lines, one object with a 'text' field "
-                                 f"per line")
-            yield row
+            if not (isinstance(row, dict) and isinstance(row.get("text", 0), (str, type(None)))):
+                raise ValueError(f"line {number}: must be JSON Lines, one object with a 'text' string per line")
+            if row["text"]:
+                yield row["text"]
 
 
-def file_documents(pattern: str) -> Iterator[str]:
-    """.txt: one document per file; .jsonl/.parquet: one per row's `text` field (via datasets)."""
-    paths = sorted(p for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
-    if not paths:
-        raise ValueError(f"data.files={pattern!r}: matches no file")
-    for path in paths:
-        suffix = Path(path).suffix
+def _parquet_texts(path: str) -> Iterator[str]:
+    """The non-empty values of a parquet file's `text` column, row group by row group."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    table = pq.ParquetFile(path)
+    schema = table.schema_arrow
+    if "text" not in schema.names:
+        raise ValueError(f"no 'text' column (its columns: {', '.join(schema.names)})")
+    kind = schema.field("text").type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise ValueError(f"its 'text' column holds {kind}, not strings")
+    for batch in table.iter_batches(columns=["text"]):
+        yield from filter(None, batch.column(0).to_pylist())
+
+
+def _one_file(path: str, cfg: DataConfig) -> Iterator[str]:
+    suffix = Path(path).suffix
+    if suffix == ".parquet":
+        yield from _parquet_texts(path)
+        return
+    if suffix not in (".txt", ".jsonl", ".json"):
+        raise ValueError("not .txt, .jsonl or .parquet")
+    try:
         if suffix == ".txt":
-            yield Path(path).read_text(encoding="utf-8")
-        elif suffix in (".jsonl", ".json"):
-            yield from _rows_text(_json_lines(path))
-        elif suffix == ".parquet":
-            yield from _rows_text(_stream("parquet", data_files=path))
+            yield Path(path).read_text(encoding=cfg.encoding, errors=cfg.encoding_errors)
         else:
-            raise ValueError(f"data.files={pattern!r}: {path} is not .txt, .jsonl or .parquet")
+            yield from _json_lines(path, cfg)
+    except UnicodeDecodeError:
+        offset, undecodable = _first_undecodable(path, cfg.encoding)
+        raise ValueError(f"not {cfg.encoding} at byte {offset} (0x{undecodable.hex()}); set data.encoding=<the files' "
+                         f"encoding> (latin-1, cp1252, ...) or data.encoding_errors=replace (or ignore)") from None
+
+
+def file_documents(cfg: DataConfig) -> Iterator[str]:
+    """.txt: one document per file; .jsonl/.parquet: one per row's `text` field. A file that cannot be
+    read, decoded or parsed stops it in one line naming the file."""
+    paths = sorted(p for p in glob.glob(cfg.files, recursive=True) if Path(p).is_file())
+    if not paths:
+        raise ValueError(f"data.files={cfg.files!r}: matches no file")
+    for path in paths:
+        try:
+            yield from _one_file(path, cfg)
+        except (OSError, ValueError) as err:     # unreadable, undecodable, damaged, not what its name says
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).strip()
+            raise ValueError(f"data.files={cfg.files!r}: {path}: "
+                             f"{(reason.splitlines() or [type(err).__name__])[0]}") from None
+
+
+def _first_undecodable(path: str, encoding: str) -> tuple[int, bytes]:
+    """Where the file's first byte `encoding` cannot decode is, and the bytes there: a text reader's own
+    error counts from the start of the chunk it was decoding."""
+    decoder = codecs.getincrementaldecoder(encoding)()
+    offset = 0
+    with open(path, "rb") as file:
+        for chunk in itertools.chain(iter(lambda: file.read(1 << 20), b""), [b""]):
+            start = offset - len(decoder.getstate()[0])      # the decoder's held-back bytes come first
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as err:
+                return start + err.start, err.object[err.start:err.end]
+            offset += len(chunk)
+    return offset, b""
 
 
 def _stream(path: str, **kwargs):
@@ -141,7 +190,7 @@ def documents(cfg: DataConfig) -> Iterator[str]:
     if cfg.source == "embedded":
         return embedded_documents()
     if cfg.source == "files":
-        return file_documents(cfg.files)
+        return file_documents(cfg)
     if cfg.source == "python_source":
         return python_source_documents()
     return fineweb_documents(cfg)

@@ -88,17 +88,18 @@ class SweepLauncher(BaseSubmititLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from .table import job_table, progress_seconds   # rich: not for every ddl-run (Hydra imports launchers)
-        for key, value in self.params.items():   # each one may become a line of a job script
-            if isinstance(value, str) and not value.isprintable():
-                raise ConfigError(f"hydra.launcher.{key}={value!r}: must be printable, on one line")
-        progress_seconds()                       # a bad DDL_PROGRESS_S is one line, before anything runs
-        plan = self.plan(job_overrides)
-        print(plan.headline())
-        if self.config.dry_run:
-            job_table(plan.jobs, self.params.get("gpus_per_node") or 0, self.bound(len(plan.jobs)),
-                      self.params.get("cpus_per_task") or 1).print()
-            return []
-        self.prepare_store({j.experiment for j in plan.jobs})
+        with self.refusal_leaves_nothing():
+            for key, value in self.params.items():   # each one may become a line of a job script
+                if isinstance(value, str) and not value.isprintable():
+                    raise ConfigError(f"hydra.launcher.{key}={value!r}: must be printable, on one line")
+            progress_seconds()                       # a bad DDL_PROGRESS_S is one line, before anything runs
+            plan = self.plan(job_overrides)
+            print(plan.headline())
+            if self.config.dry_run:
+                job_table(plan.jobs, self.params.get("gpus_per_node") or 0, self.bound(len(plan.jobs)),
+                          self.params.get("cpus_per_task") or 1).print()
+                return []
+            self.prepare_store({j.experiment for j in plan.jobs})
         warn_if_sqlite_on_network(self._EXECUTOR)      # SQLite on NFS/Lustre under SLURM: say what to run instead
         skipped = plan.finished()
         reusable = plan.reusable(skipped)
@@ -148,6 +149,18 @@ class SweepLauncher(BaseSubmititLauncher):
             outcomes[job.signature] = Result(status.REUSED, f"val/loss {val_loss:.4f}, MLflow run {done['run_id']}",
                                              reused_from=found.experiment)
         return outcomes
+
+    @contextlib.contextmanager
+    def refusal_leaves_nothing(self):
+        """A refused sweep leaves nothing, as a refused run does: the multirun.yaml Hydra's sweeper wrote
+        before the launcher's checks goes, with each folder of DDL_HOME it leaves empty."""
+        try:
+            yield
+        except ConfigError:
+            folder = Path(str(self.config.hydra.sweep.dir))
+            (folder / "multirun.yaml").unlink(missing_ok=True)
+            paths.prune(folder)
+            raise
 
     @staticmethod
     def prepare_store(experiments: set[str]) -> None:

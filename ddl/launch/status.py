@@ -35,7 +35,8 @@ def claim(run_dir: Path):
     """Hold runs/<sig>/lock while this process works on the run: an flock, which the OS releases when
     the holder exits or dies (SIGKILL included), as a SLURM job's claim ends with the job.
     RunningElsewhere names the holder when another process has it. A folder this claim created and
-    nothing else wrote to (the job stopped at a one-line error) goes with it."""
+    nothing else wrote to (the job stopped at a one-line error) goes with it, and so does runs/ when
+    that leaves it empty."""
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -45,6 +46,7 @@ def claim(run_dir: Path):
         if created and os.listdir(run_dir) == [LOCK]:
             (run_dir / LOCK).unlink()
             run_dir.rmdir()
+            paths.prune(run_dir.parent)
 
 
 @contextlib.contextmanager

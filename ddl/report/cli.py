@@ -25,15 +25,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _report(names: list[str] | None, out: Path | None) -> int:
     from rich.console import Console
-    from rich.table import Table as RichTable
 
     from ..track import store
     from ..track.query import ddl_experiments, load_histories, load_runs, load_searches
     from ..validation import safe_name
     from .build import build
-    from .render import compared, ours
-    from .scaling import sections
-    from .tables import row_label
 
     names = [safe_name("--experiment", name) for name in names or []]
     experiments = names or ([name for name in ddl_experiments() if _reportable(name)] if store.exists() else [])
@@ -48,36 +44,49 @@ def _report(names: list[str] | None, out: Path | None) -> int:
             return 2
         histories = load_histories(list(runs["run_id"]), ["train/loss", "val/loss"])
         report = build(experiment, runs, histories, out or paths.reports_dir(), load_searches(experiment))
-        loss = report.tables[0]
-        summary = RichTable(title=f"{experiment}: final validation loss ({report.unit})")
-        summary.add_column("model")
-        for col in loss.columns[::2]:
-            summary.add_column(col.header)
-        for row in loss.rows:
-            cells = [loss.cells[row, col.key] for col in loss.columns[::2]]
-            if any(c.mean is not None or c.marker != "—" for c in cells):
-                summary.add_row(row_label(row), *[ours(c) for c in cells])
-        console.print(summary)
-        for heading, headers, rows in compared(loss):
-            against = RichTable(title=heading)
-            for header in headers:
-                against.add_column(header)
-            for row in rows:
-                against.add_row(*row)
-            console.print(against)
-        for mark, text in loss.marks().items():
-            console.print(f"{mark} {text}")
-        if report.across is not None:
-            for title, headers, rows, note in sections(report.across)[::2]:   # the gaps, measured and fitted
-                across = RichTable(title=title, caption=note)
-                for header in headers:
-                    across.add_column(header)
-                for row in rows:
-                    across.add_row(*row)
-                console.print(across)
-        console.print(f"report: {report.path / 'index.html'}  ({plural(len(report.tables), 'table')}, "
-                      f"{plural(len(list(report.path.glob('*.png'))), 'figure')})")
+        _print_summary(console, experiment, report)
     return 0
+
+
+def _print_summary(console, experiment: str, report) -> None:
+    """What the console shows of a written report: the final losses, the comparisons with the baseline and
+    the paper, the marks' notes, a search's tuned rows, the gaps across sizes (measured and fitted), and where
+    the report is."""
+    from .render import compared, ours
+    from .scaling import sections
+    from .tables import row_label
+
+    loss = report.tables[0]
+    columns = loss.columns[::2]
+    shown = []
+    for row in loss.rows:
+        cells = [loss.cells[row, col.key] for col in columns]
+        if any(c.mean is not None or c.marker != "—" for c in cells):
+            shown.append([row_label(row), *map(ours, cells)])
+    title = f"{experiment}: final validation loss ({report.unit})"
+    console.print(_table(title, ["model", *(col.header for col in columns)], shown))
+    for heading, headers, table_rows in compared(loss):
+        console.print(_table(heading, headers, table_rows))
+    for mark, text in loss.marks().items():
+        console.print(f"{mark} {text}")
+    for tuned in (t for t in report.tables if t.name == "tuned"):     # a search's rows, each at its own best
+        for heading, headers, table_rows in compared(tuned):
+            console.print(_table(heading, headers, table_rows, caption=tuned.note))
+    if report.across is not None:
+        for title, headers, table_rows, note in sections(report.across)[::2]:   # the gaps, measured and fitted
+            console.print(_table(title, headers, table_rows, caption=note))
+    console.print(f"report: {report.path / 'index.html'}  ({plural(len(report.tables), 'table')}, "
+                  f"{plural(len(list(report.path.glob('*.png'))), 'figure')})")
+
+
+def _table(title: str, headers, rows, caption: str | None = None):
+    from rich.table import Table
+    table = Table(title=title, caption=caption)
+    for header in headers:
+        table.add_column(header)
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 def _reportable(name: str) -> bool:
