@@ -119,9 +119,12 @@ def test_a_dry_run_marks_the_jobs_already_done(trained):
     assert "2 jobs, 0 to run." in " ".join(elsewhere.stdout.split())
 
 
-@pytest.mark.parametrize("mode", [[], ["-m"]])
-def test_a_bad_progress_interval_is_one_line(ddl_home, mode):
-    out = run_cli("ddl-run", *mode, *SMOKE, env_extra={"DDL_PROGRESS_S": "soon"})
+@pytest.mark.parametrize(("mode", "variable", "value", "default"), [
+    ([], "DDL_PROGRESS_S", "soon", "30"), (["-m"], "DDL_PROGRESS_S", "soon", "30"),
+    (["-m"], "DDL_LOST_AFTER_S", "0", "120")])
+def test_a_bad_interval_is_one_line(ddl_home, mode, variable, value, default):
+    out = run_cli("ddl-run", *mode, *SMOKE, env_extra={variable: value})
     assert out.returncode == 2
-    assert out.stderr.strip() == "ddl-run: error: DDL_PROGRESS_S='soon': must be a number of seconds > 0 (default 30)"
+    assert out.stderr.strip() == (f"ddl-run: error: {variable}={value!r}: must be a number of seconds > 0 "
+                                  f"(default {default})")
     assert not (ddl_home / "runs").exists() and not (ddl_home / "mlflow.db").exists()

@@ -1,6 +1,7 @@
 """The cluster path against a real, private SLURM (scripts/slurm-local): sbatch jobs, failures, requeue."""
 
 import json
+import signal
 import subprocess
 import threading
 import time
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_two_ranks_trained, mlflow_runs, run_cli
+from tests.conftest import assert_two_ranks_trained, logged_steps, mlflow_runs, run_cli
+from tests.test_faults import start, wait_for
 
 SLURM = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
          "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=20"]
@@ -47,7 +49,17 @@ def test_a_two_task_slurm_job_trains_with_ddp_ranks_from_submitit(slurm, ddl_hom
     assert_two_ranks_trained(job_dir)
 
 
-def _requeue_when_running(ddl_home: Path, min_step: int, done: list):
+def _squeue(*args: str) -> str:
+    return subprocess.run(["squeue", "-h", *args], capture_output=True, text=True).stdout.strip()
+
+
+def _job_ids(ddl_home: Path) -> list[str]:
+    """The SLURM jobs this home's sweeps submitted (submitit's folder for each), oldest first."""
+    return sorted((p.name for p in (ddl_home / "sweeps").rglob(".submitit/*") if p.name.isdigit()), key=int)
+
+
+def _job_at_step(ddl_home: Path, min_step: int) -> tuple[str, int] | None:
+    """(the home's newest SLURM job, its step) once the run's status file is at `min_step`; None if it never is."""
     deadline = time.time() + 240
     while time.time() < deadline:
         for status_file in (ddl_home / "runs").glob("*/status.json"):
@@ -56,18 +68,23 @@ def _requeue_when_running(ddl_home: Path, min_step: int, done: list):
             except (ValueError, OSError):
                 continue
             if state.get("step", 0) >= min_step:
-                [job_id] = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
-                subprocess.run(["scontrol", "requeue", job_id], check=True)
-                for _ in range(120):                # SLURM holds a requeued job (BeginTime): release it
-                    state_now = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
-                                               text=True).stdout.strip()
-                    if state_now == "PENDING":
-                        subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
-                        break
-                    time.sleep(0.5)
-                done.append((job_id, state["step"]))
-                return
+                return _job_ids(ddl_home)[-1], state["step"]
         time.sleep(0.5)
+    return None
+
+
+def _requeue_when_running(ddl_home: Path, min_step: int, done: list):
+    found = _job_at_step(ddl_home, min_step)
+    if found is None:
+        return
+    job_id = found[0]
+    subprocess.run(["scontrol", "requeue", job_id], check=True)
+    for _ in range(120):                # SLURM holds a requeued job (BeginTime): release it
+        if _squeue("-j", job_id, "-o", "%T") == "PENDING":
+            subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
+            break
+        time.sleep(0.5)
+    done.append(found)
 
 
 @pytest.mark.slow
@@ -91,3 +108,56 @@ def test_a_requeued_job_resumes_and_ends_like_an_uninterrupted_run(slurm, ddl_ho
     log = next((tmp_path / "cluster" / "runs").glob("*/train.log")).read_text()
     assert log.count("step    150") == 1 and log.count("step     40") == 1
 
+
+
+def _cancel_when_running(ddl_home: Path, min_step: int, done: list):
+    found = _job_at_step(ddl_home, min_step)
+    if found is not None:
+        subprocess.run(["scancel", found[0]], check=True)
+        done.append(time.monotonic())
+
+
+@pytest.mark.slow
+def test_a_job_the_cluster_lost_ends_the_sweep_and_a_rerun_resumes_it(slurm, ddl_home):
+    """scancel mid-run on a cluster without accounting (sacct cannot say the job ended): the sweep reports
+    the job lost seconds later (DDL_LOST_AFTER_S=3), its run KILLED, and exits 1; the same sweep run again
+    resumes it from the checkpoint its SIGTERM left, every step logged once."""
+    sweep = ["ddl-run", "-m", *MICRO, *SLURM, "train.steps=60", "train.batch_tokens=2048", "train.micro_batch=16",
+             "train.seq_len=128", "train.ckpt_every=1000", "experiment=lost"]
+    cancelled: list = []
+    canceller = threading.Thread(target=_cancel_when_running, args=(ddl_home, 15, cancelled))
+    canceller.start()
+    out = run_cli(*sweep, env_extra={"DDL_LOST_AFTER_S": "3"}, timeout=300)
+    ended = time.monotonic()
+    canceller.join()
+    said = out.stdout + out.stderr
+    assert cancelled, "the job finished before it could be cancelled"
+    assert out.returncode == 1 and ended - cancelled[0] < 40, said[-6000:]
+    assert "left the queue without a result (cancelled); re-run the sweep to resume it" in out.stdout
+    assert "ddl-run: 1 of 1 job failed (1 lost: run the sweep again to resume)" in out.stderr
+    assert "left running" not in said and "sacct" not in said and "accounting" not in said
+    [run] = mlflow_runs("lost")
+    assert run.info.status == "KILLED" and run.data.tags["ddl.error"].startswith("left the queue without a result")
+    [checkpoint] = (ddl_home / "runs").glob("*/checkpoints/step_*.pt")      # SIGTERM's, before SLURM's SIGKILL
+    again = run_cli(*sweep, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    [run] = mlflow_runs("lost")
+    assert run.info.status == "FINISHED" and run.data.tags["ddl.resumed"] == "true"
+    assert logged_steps(run, ("train/loss",)) == (list(range(5, 61, 5)),)
+    assert 15 <= int(checkpoint.stem.removeprefix("step_")) < 60
+
+
+@pytest.mark.slow
+def test_ctrl_c_does_not_call_a_job_the_cluster_lost_left_running(slurm, ddl_home, monkeypatch):
+    """A job cancelled as soon as it is queued, then Ctrl-C before the sweep gives it up by itself: its
+    summary row says lost, not `left running on the cluster`."""
+    monkeypatch.setenv("DDL_LOST_AFTER_S", "600")
+    sweep = start("ddl-run", "-m", *MICRO, *SLURM, "experiment=stopped")
+    wait_for(lambda: _job_ids(ddl_home) or sweep.poll() is not None, timeout=120)
+    [job_id] = _job_ids(ddl_home)
+    subprocess.run(["scancel", job_id], check=True)
+    wait_for(lambda: _squeue("-t", "all", "-j", job_id, "-o", "%T") == "CANCELLED", timeout=60)
+    sweep.send_signal(signal.SIGINT)
+    out, err = sweep.communicate(timeout=120)
+    assert sweep.returncode == 130, out[-3000:] + err[-3000:]
+    assert "left the queue without a result (cancelled)" in out and "left running" not in out

@@ -8,10 +8,24 @@ Named sweeps become the Hydra group `sweep` (`+sweep=<file name>`), registered f
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
+
 
 class ConfigError(ValueError):
     """An invalid override: one line naming the key, the value and what is allowed."""
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A number of seconds > 0 from the environment variable `name` (unset: `default`); else one line."""
+    value = os.environ.get(name, "")
+    try:
+        seconds = float(value) if value else default
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ConfigError(f"{name}={value!r}: must be a number of seconds > 0 (default {default:g})")
+    return seconds
 
 
 _CHECKOUT = Path(__file__).resolve().parent.parent.parent

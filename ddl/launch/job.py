@@ -379,6 +379,26 @@ def _close_interrupted(run_dir, run, err: BaseException, log_path) -> None:
               f"journal", flush=True)
 
 
+def close_lost(signature: str, why: str) -> None:
+    """The sweep launcher's word on a cluster job that left the queue without a result: its status says
+    lost, and the MLflow run it left RUNNING ends KILLED with the reason (as a stopped job's does), so no
+    one waits on its heartbeat; a re-run reopens it. A signature some process holds again is left to it."""
+    from ..track import runs
+    run_dir = paths.runs_dir() / signature
+    with contextlib.suppress(status.RunningElsewhere), status.claim(run_dir):
+        last = status.read(run_dir)
+        status.write(run_dir, state=status.LOST, error=why)
+        if last.get("state") != "running" or not last.get("run_id"):   # it had opened no run
+            return
+        try:
+            run = runs.TrackedRun(last["run_id"], run_dir)
+            if run.client.get_run(run.id).info.status == "RUNNING":
+                runs.close_run(run, "KILLED", files=[run_dir / "train.log"], error=why)
+        except Exception as err:   # the store is down: the journal has what reached it
+            print(f"MLflow run {last['run_id']} not closed ({type(err).__name__}); it stays RUNNING until the sweep "
+                  f"runs again", flush=True)
+
+
 def _evaluate(job: Job, trained) -> tuple[dict, str]:
     """lm-eval on the run's newest checkpoint, on the device it trained on."""
     from ..eval import evaluate

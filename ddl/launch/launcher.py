@@ -3,7 +3,8 @@
 `launch` composes and validates every job before anything runs, collapses jobs with the same
 signature, skips the ones already finished in this sweep's experiment, reuses (in this process,
 launching nothing) the ones finished in another experiment, then submits the rest through
-submitit (at most `max_parallel` at once), shows one live line per job and ends with a summary.
+submitit (at most `max_parallel` at once), shows one live line per job and ends with a summary. A
+cluster job that left the queue without a result is lost (ddl.launch.cluster): the wait for it ends.
 The job itself is hydra-submitit-launcher's `__call__` (it re-runs the Hydra job), and so is
 `checkpoint()`: a requeued job re-runs with the same overrides and resumes from the
 checkpoint found by its signature.
@@ -28,7 +29,7 @@ from .. import paths
 from ..text import plural
 from ..track.filesystems import warn_if_sqlite_on_network
 from ..train.signals import DeferredSignals
-from . import status
+from . import cluster, status
 from .configs import ConfigError
 from .plan import Plan, make_plan
 from .spec import Job
@@ -92,7 +93,8 @@ class SweepLauncher(BaseSubmititLauncher):
             for key, value in self.params.items():   # each one may become a line of a job script
                 if isinstance(value, str) and not value.isprintable():
                     raise ConfigError(f"hydra.launcher.{key}={value!r}: must be printable, on one line")
-            progress_seconds()                       # a bad DDL_PROGRESS_S is one line, before anything runs
+            progress_seconds()                       # a bad DDL_PROGRESS_S or DDL_LOST_AFTER_S is one line,
+            cluster.lost_after_seconds()             # before anything runs
             plan = self.plan(job_overrides)
             print(plan.headline())
             if self.config.dry_run:
@@ -126,10 +128,12 @@ class SweepLauncher(BaseSubmititLauncher):
         summary_table(rows).print()
         if stop.received:
             raise SweepInterrupted(stop.received)
-        failed = sum(state not in ("finished", "skipped", "pruned", status.REUSED, status.ELSEWHERE)
-                     for _, state, *_ in rows)
+        ok = ("finished", "skipped", "pruned", status.REUSED, status.ELSEWHERE)
+        failed = [state for _, state, *_ in rows if state not in ok]
         if failed:
-            raise SweepFailed(f"{failed} of {plural(len(rows), 'job')} failed")
+            lost = failed.count(status.LOST)
+            raise SweepFailed(f"{len(failed)} of {plural(len(rows), 'job')} failed"
+                              + (f" ({lost} lost: run the sweep again to resume)" if lost else ""))
 
     @staticmethod
     def reuse_jobs(reusable: list, stop: DeferredSignals) -> dict[str, "Result"]:
@@ -173,26 +177,36 @@ class SweepLauncher(BaseSubmititLauncher):
                 raise ConfigError(str(err)) from None
 
     def run_jobs(self, jobs: list[Job], shown: list[Job], first_idx: int, stop: DeferredSignals) -> dict[str, Result]:
-        """Submit the jobs (at most `limit` at once) and wait for them, the `shown` ones in the live table.
-        On a stop request nothing more is submitted, and local jobs get SIGTERM (they checkpoint and end
-        KILLED); cluster jobs go on."""
+        """Submit the jobs (at most `limit` at once) and wait for them, the `shown` ones in the live table,
+        until each has a result or, on a cluster, is lost. On a stop request nothing more is submitted,
+        and local jobs get SIGTERM (they checkpoint and end KILLED); cluster jobs still queued go on."""
         from .table import live_table
         executor = self.executor() if jobs else None
         pending = list(enumerate(jobs, start=first_idx))
         running: dict[str, Any] = {}
         outcomes: dict[str, Result] = {}
         limit = self.bound(len(jobs))
+        watch = cluster.LostJobs(cluster.lost_after_seconds())
         for job in jobs:   # the label is the job's name for the sweep: its MLflow run takes it (job.run_task)
             status.write(paths.runs_dir() / job.signature, state="queued", name=job.name, label=job.label, step=0,
                          steps=job.run.train.steps, reused_from=None, error=None)
         with live_table(shown, "SLURM job" if self._EXECUTOR == "slurm" else None) as refresh:
             while pending or running:
+                for signature, handle in list(running.items()):
+                    if _has_ended(handle):
+                        outcomes[signature] = self.outcome(handle, paths.runs_dir() / signature)
+                        del running[signature]
+                for signature, state in watch.lost(_on_cluster(running)).items():
+                    outcomes[signature] = self.lost(running.pop(signature), signature, state)
                 if stop.received:
                     outcomes.update({job.signature: Result("not started", "the sweep was stopped first")
                                      for _, job in pending})
                     pending = []
+                    gone = cluster.ended(_on_cluster(running))
                     for signature, handle in list(running.items()):
-                        if not self._stop_local_job(handle):
+                        if signature in gone:
+                            outcomes[signature] = self.lost(running.pop(signature), signature, gone[signature])
+                        elif not self._stop_local_job(handle):
                             outcomes[signature] = Result("left running", f"on the cluster as job {handle.job_id}")
                             del running[signature]
                 while pending and len(running) < limit:
@@ -200,10 +214,6 @@ class SweepLauncher(BaseSubmititLauncher):
                     with _children_ignore_sigint():
                         running[job.signature] = executor.submit(self, job.overrides, "hydra.sweep.dir", idx,
                                                                  f"job_id_for_{idx}", Singleton.get_state())
-                for signature, handle in list(running.items()):
-                    if handle.done():
-                        outcomes[signature] = self.outcome(handle, paths.runs_dir() / signature)
-                        del running[signature]
                 refresh({s: h.job_id for s, h in running.items()})
                 time.sleep(1.0)
         return outcomes
@@ -217,6 +227,15 @@ class SweepLauncher(BaseSubmititLauncher):
         with contextlib.suppress(ProcessLookupError):
             controller.send_signal(signal.SIGTERM)
         return True
+
+    @staticmethod
+    def lost(handle, signature: str, state: str) -> Result:
+        """A cluster job that left the queue without a result: its status and MLflow run say so (job.close_lost)."""
+        from .job import close_lost
+        why = (f"left the queue without a result ({state.lower().replace('_', ' ') or 'cancelled, or its node failed'})"
+               f"; re-run the sweep to resume it")
+        close_lost(signature, why)
+        return Result(status.LOST, f"{why}  (log: {handle.paths.stderr})")
 
     @staticmethod
     def outcome(handle, run_dir: Path) -> Result:
@@ -248,6 +267,16 @@ class SweepLauncher(BaseSubmititLauncher):
 def _local_controller(handle):
     """The process submitit started for a local job (it runs the job's tasks); None for a cluster job."""
     return getattr(handle, "_process", None)
+
+
+def _on_cluster(running: dict) -> dict:
+    return {signature: handle for signature, handle in running.items() if _local_controller(handle) is None}
+
+
+def _has_ended(handle) -> bool:
+    """A local job has ended when its process has; a cluster job when its result is there (without one,
+    whether it is lost is cluster.LostJobs' to judge: submitit's `done()` would ask sacct)."""
+    return handle.done() if _local_controller(handle) is not None else cluster.has_result(handle)
 
 
 @contextlib.contextmanager

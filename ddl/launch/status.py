@@ -20,6 +20,7 @@ LOCK = "lock"
 DECISION = "decision"     # decision.<job>: rank 0's word to the other ranks of a multi-task job
 ELSEWHERE = "running elsewhere"
 REUSED = "reused"     # finished in another experiment: its run copied, nothing trained
+LOST = "lost"         # a cluster job that left the queue without a result (ddl.launch.cluster)
 
 
 def reused(source: str) -> str:

@@ -24,25 +24,18 @@ from .. import paths
 from ..costs import ASSUMED_MFU, BF16_PEAK_FLOPS
 from ..text import plural
 from . import status
-from .configs import ConfigError
+from .configs import env_seconds
 from .estimate import CPU_TRAIN_FLOPS, job_cost, wall_seconds
 
 console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)  # logs keep whole columns
 PROGRESS_ENV, PROGRESS_DEFAULT_S = "DDL_PROGRESS_S", 30.0
 STYLES = {"finished": "green", status.REUSED: "cyan", "skipped": "cyan", "running": "bold", "queued": "dim",
-          status.ELSEWHERE: "yellow", "failed": "red", "killed": "red", "pruned": "magenta"}
+          status.ELSEWHERE: "yellow", "failed": "red", "killed": "red", status.LOST: "red", "pruned": "magenta"}
 
 
 def progress_seconds() -> float:
     """Seconds between progress lines where output is not a terminal (DDL_PROGRESS_S); one line if bad."""
-    value = os.environ.get(PROGRESS_ENV, "")
-    try:
-        seconds = float(value) if value else PROGRESS_DEFAULT_S
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds < float("inf"):
-        raise ConfigError(f"{PROGRESS_ENV}={value!r}: must be a number of seconds > 0 (default {PROGRESS_DEFAULT_S:g})")
-    return seconds
+    return env_seconds(PROGRESS_ENV, PROGRESS_DEFAULT_S)
 
 
 @dataclass(frozen=True)
