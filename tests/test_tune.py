@@ -191,3 +191,18 @@ def test_two_homes_on_the_team_server_continue_one_search(team_server, tmp_path)
     assert {r.data.tags["mlflow.parentRunId"] for r in trials} == {parent.info.run_id}
     homes = [r.data.tags["ddl.home"] for r in trials]
     assert homes[0] == homes[1] == str(tmp_path / "a") and homes[2] == str(tmp_path / "b")
+
+
+@pytest.mark.slow
+def test_sync_brings_a_search_back_with_its_parent(searched, tmp_path):
+    """The home's journals into an empty store: every run of the search is there, each child under its parent."""
+    from mlflow.tracking import MlflowClient
+    uri = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    out = run_cli("ddl-track", "sync", "--to", uri, env_extra={"DDL_HOME": str(searched[-1])})
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("tuned").experiment_id])
+    parents = {r.info.run_id for r in runs if r.data.tags.get("ddl.role") == "search"}
+    children = [r for r in runs if r.data.tags.get("ddl.role") in ("trial", "confirm")]
+    assert len(parents) == 2 and len(children) == 8
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == parents

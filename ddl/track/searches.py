@@ -16,6 +16,7 @@ SEARCH_TAG, ROLE_TAG, TRIAL_TAG = "ddl.search", "ddl.role", "ddl.trial"
 VALUES_TAG = "ddl.trial_values"        # the searched keys' override values, JSON {key: value}
 PRUNED_TAG = "ddl.pruned"              # `step <n>: <why>` on a trial the pruner stopped (its run KILLED)
 PARENT_TAG = "mlflow.parentRunId"      # MLflow's own: the UI nests children under their parent
+FOLDER_PREFIX = "search-"              # runs/search-<id>/: the parent run's journal
 
 
 @dataclass
@@ -67,6 +68,10 @@ def runs_of(experiment: str, search: str, curves: bool = False) -> list[Trial]:
     return trials
 
 
+def _folder(search: str):
+    return paths.runs_dir() / f"{FOLDER_PREFIX}{search}"
+
+
 def parent_run(experiment: str, search: str, name: str, tags: dict) -> str:
     """The search's parent run: found by its search id (another home's, or an earlier launch's), else
     created, journaled in `runs/search-<id>/` like every run, so `ddl-track sync` brings it back."""
@@ -77,7 +82,7 @@ def parent_run(experiment: str, search: str, name: str, tags: dict) -> str:
                           order_by=["attributes.start_time ASC"], max_results=1)
     if found:
         return found[0].info.run_id
-    run = TrackedRun.create(experiment, paths.runs_dir() / f"search-{search}", name, {},
+    run = TrackedRun.create(experiment, _folder(search), name, {},
                             {**tags, SEARCH_TAG: search, ROLE_TAG: "search"})
     return run.id
 
@@ -86,11 +91,11 @@ def record_best(search: str, parent: str, best: dict[str, float], values: dict, 
     """The search's result on its parent run: the best value of each searched key and its loss as
     metrics (`best/<key>`, `best/val_loss`), the override values as a tag, and its state."""
     from .runs import TrackedRun
-    run = TrackedRun(parent, paths.runs_dir() / f"search-{search}")
+    run = TrackedRun(parent, _folder(search))
     run.log_summary(best)
     run.set_tags({"ddl.best_values": json.dumps(values, sort_keys=True), **(tags or {})})
 
 
 def close(search: str, parent: str) -> None:
     from .runs import TrackedRun
-    TrackedRun(parent, paths.runs_dir() / f"search-{search}").terminate("FINISHED")
+    TrackedRun(parent, _folder(search)).terminate("FINISHED")

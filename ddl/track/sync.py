@@ -21,12 +21,14 @@ import sys
 import tempfile
 import urllib.parse
 from collections import Counter
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 from .. import paths
 from ..text import plural
+from . import searches
 from .journal import Journal, JournalDamaged, RunHistory, file_sha256
 
 ORIGIN_TAG = "ddl.origin"          # on a run a sync created: the uid of the journal's run it rebuilds
@@ -101,7 +103,8 @@ def sync_home(runs_root: Path, target_uri: str) -> SyncReport:
     Without journals, no store is opened (or created)."""
     from . import store
     report = SyncReport(store.redacted(target_uri))
-    journals = sorted(Path(runs_root).glob(f"*/{Journal.FILE}"))
+    journals = sorted(Path(runs_root).glob(f"*/{Journal.FILE}"),      # a search's parent before its children
+                      key=lambda path: (not path.parent.name.startswith(searches.FOLDER_PREFIX), path))
     report.journals = len(journals)
     if not journals:
         return report
@@ -164,6 +167,7 @@ def sync_run(history: RunHistory, run_dir: Path, client) -> Outcome:
     history per key, an artifact listing per folder."""
     if history.deleted:
         return Outcome("skipped")
+    history = _with_parent_here(history, client)
     run = _find(history, client)
     if run is None:
         return _create(history, run_dir, client)
@@ -182,6 +186,18 @@ def sync_run(history: RunHistory, run_dir: Path, client) -> Outcome:
         return Outcome("up to date", run_id, running=_unended(history, held))
     artifacts, problems = _write(history, run_dir, client, run_id, missing)
     return Outcome("updated", run_id, len(missing.points), artifacts, problems, _unended(history, held))
+
+
+def _with_parent_here(history: RunHistory, client) -> RunHistory:
+    """A search's child run names its parent by the parent's run id where it was made (MLflow's
+    `mlflow.parentRunId`): in a store where the parent was synced under another id, that one."""
+    parent = history.tags.get(searches.PARENT_TAG)
+    if not parent:
+        return history
+    found = _find(RunHistory(parent, history.experiment), client)
+    if found is None or found.info.run_id == parent:
+        return history
+    return dataclasses.replace(history, tags={**history.tags, searches.PARENT_TAG: found.info.run_id})
 
 
 def _find(history: RunHistory, client):
