@@ -24,15 +24,15 @@ demo: install
 	$(BIN)/ddl-run -m +sweep=demo
 	$(MAKE) --no-print-directory report
 
-# Three pytest-xdist workers on two cores, a thread each: while one waits on a server, the others compute;
-# the tests that start private servers share one worker (tests/conftest.py).
+# Three pytest-xdist workers, each on its share of the cores: while one waits on a server, the others compute;
+# the tests that start private servers share one worker (tests/conftest.py, docs/testing.md).
 PYTEST := $(BIN)/python -m pytest -q -n 3 --dist loadgroup
 
 test: install lint
 	scripts/system-deps
 	$(PYTEST)
 
-# The contributor's loop: every test not marked slow (pyproject's markers), a few minutes on 2 cores.
+# The contributor's loop: every test not marked slow (pyproject's markers). How the suite runs: docs/testing.md.
 test-fast: install lint
 	scripts/system-deps
 	$(PYTEST) -m "not slow"
