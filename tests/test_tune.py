@@ -206,3 +206,23 @@ def test_sync_brings_a_search_back_with_its_parent(searched, tmp_path):
     children = [r for r in runs if r.data.tags.get("ddl.role") in ("trial", "confirm")]
     assert len(parents) == 2 and len(children) == 8
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == parents
+
+
+def test_each_round_asks_values_no_trial_has():
+    """The study is rebuilt from the store every round: a seed fixed for every round drew the values of an
+    earlier round again (the same signature: a pruned trial resumed as a 'new' one). The seed moves on with
+    the history, and a value already tried is never asked."""
+    from ddl.track.searches import Trial
+    from ddl.tune.config import TuneConfig
+    from ddl.tune.search import ask
+    _, space = _split("train.lr=tag(log, interval(5e-4, 1.6e-2))")
+    cfg, trials = TuneConfig(trials=12), []
+    for round_ in range(5):
+        asked = ask(trials, space, cfg, 2)
+        assert len(asked) == 2 and not [v for v in asked if v in [t.values for t in trials]], round_
+        assert ask(trials, space, cfg, 2) == asked                  # the same history asks the same trials
+        for values in asked:
+            state = "pruned" if values["train.lr"] > 1e-2 else "complete"
+            trials.append(Trial("r", len(trials), "trial", values, 0, state, abs(values["train.lr"] - 3e-3),
+                                {300: 2.0}))
+    assert len({t.values["train.lr"] for t in trials}) == 10

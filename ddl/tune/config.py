@@ -23,7 +23,7 @@ class TuneConfig:
     max_seeds: int = 9              # auto's maximum
     parallel: int | None = None     # trials asked at once per row (null: the launcher's parallel slots)
     pruner: str = "median"          # Optuna's MedianPruner on val/loss at the eval points, or none
-    prune_warmup: float = 0.3       # no pruning before this fraction of the trial's steps
+    prune_warmup: float = 0.5       # no pruning before this fraction of the trial's steps (a low lr starts slow)
     sampler_seed: int = 0           # TPE's seed: the same history asks the same next trials
     alpha: float = 0.05             # the confirmation's error rate (two-sided), over all its looks
     keys: tuple[str, ...] = ()      # set by the driver on its jobs: the searched keys

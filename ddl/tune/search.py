@@ -39,10 +39,13 @@ def _param(dim: Dimension, value):
 
 
 def study(trials, space: list[Dimension], cfg: TuneConfig):
+    """The row's study rebuilt from its stored trials. TPE's seed moves on with the history, so that the same
+    history asks the same next trials while a later round draws afresh (one seed for every round would draw
+    the same values again)."""
     optuna = _optuna()
     startup = max(2, min(cfg.trials // 3, 10))
-    sampler = optuna.samplers.TPESampler(seed=cfg.sampler_seed, n_startup_trials=startup, multivariate=True,
-                                         constant_liar=True)
+    sampler = optuna.samplers.TPESampler(seed=cfg.sampler_seed + len(trials), n_startup_trials=startup,
+                                         multivariate=True, constant_liar=True)
     found = optuna.create_study(direction="minimize", sampler=sampler)
     for trial in trials:
         found.add_trial(_frozen(trial, space))
@@ -55,7 +58,14 @@ def ask(trials, space: list[Dimension], cfg: TuneConfig, n: int) -> list[dict]:
         return _grid_points(trials, space, cfg.sampler_seed)[:n]
     asked = study(trials, space, cfg)
     distributions = {d.key: d.distribution() for d in space}
-    return [asked.ask(distributions).params for _ in range(n)]
+    tried, found = [t.values for t in trials], []
+    for _ in range(10 * n):           # a value tried before is that trial's signature: it would resume it
+        if len(found) == n:
+            break
+        params = asked.ask(distributions).params
+        if params not in tried and params not in found:
+            found.append(params)
+    return found
 
 
 def grid_size(space: list[Dimension]) -> int | None:
