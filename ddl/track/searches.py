@@ -15,8 +15,7 @@ from . import store
 SEARCH_TAG, ROLE_TAG, TRIAL_TAG = "ddl.search", "ddl.role", "ddl.trial"
 VALUES_TAG = "ddl.trial_values"        # the searched keys' override values, JSON {key: value}
 PRUNED_TAG = "ddl.pruned"              # `step <n>: <why>` on a trial the pruner stopped (its run KILLED)
-PARENT_TAG = "mlflow.parentRunId"      # MLflow's own: the UI nests children under their parent
-FOLDER_PREFIX = "search-"              # runs/search-<id>/: the parent run's journal
+PARENT_TAG = store.PARENT_TAG
 
 
 @dataclass
@@ -69,7 +68,7 @@ def runs_of(experiment: str, search: str, curves: bool = False) -> list[Trial]:
 
 
 def _folder(search: str):
-    return paths.runs_dir() / f"{FOLDER_PREFIX}{search}"
+    return paths.runs_dir() / f"{store.SEARCH_FOLDER_PREFIX}{search}"
 
 
 def parent_run(experiment: str, search: str, name: str, tags: dict) -> str:

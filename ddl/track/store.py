@@ -33,6 +33,8 @@ HOME_ID_TAG, HOME_TAG, HEARTBEAT_TAG = "ddl.home_id", "ddl.home", "ddl.heartbeat
 HEARTBEAT_S = 30          # a training run refreshes its heartbeat this often (with its metrics)
 STALE_AFTER_S = 180       # a RUNNING run silent this long is taken for dead (a killed job, a lost node)
 HISTORY_PREFIXES = ("train/", "val/", "beta/", "erank/")   # the per-step curves a run logs while training
+PARENT_TAG = "mlflow.parentRunId"      # MLflow's own: a search's trials nest under its parent run in the UI
+SEARCH_FOLDER_PREFIX = "search-"       # runs/search-<id>/: the journal of a search's parent run
 # Earlier MLflow 3 UIs open an experiment on its GenAI overview unless it is marked as model training;
 # 3.17's takes its workspace from the link instead (ddl.track.ui's carry it).
 EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"

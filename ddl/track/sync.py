@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -21,14 +22,12 @@ import sys
 import tempfile
 import urllib.parse
 from collections import Counter
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 from .. import paths
 from ..text import plural
-from . import searches
 from .journal import Journal, JournalDamaged, RunHistory, file_sha256
 
 ORIGIN_TAG = "ddl.origin"          # on a run a sync created: the uid of the journal's run it rebuilds
@@ -104,7 +103,7 @@ def sync_home(runs_root: Path, target_uri: str) -> SyncReport:
     from . import store
     report = SyncReport(store.redacted(target_uri))
     journals = sorted(Path(runs_root).glob(f"*/{Journal.FILE}"),      # a search's parent before its children
-                      key=lambda path: (not path.parent.name.startswith(searches.FOLDER_PREFIX), path))
+                      key=lambda path: (not path.parent.name.startswith(store.SEARCH_FOLDER_PREFIX), path))
     report.journals = len(journals)
     if not journals:
         return report
@@ -191,13 +190,14 @@ def sync_run(history: RunHistory, run_dir: Path, client) -> Outcome:
 def _with_parent_here(history: RunHistory, client) -> RunHistory:
     """A search's child run names its parent by the parent's run id where it was made (MLflow's
     `mlflow.parentRunId`): in a store where the parent was synced under another id, that one."""
-    parent = history.tags.get(searches.PARENT_TAG)
+    from . import store
+    parent = history.tags.get(store.PARENT_TAG)
     if not parent:
         return history
     found = _find(RunHistory(parent, history.experiment), client)
     if found is None or found.info.run_id == parent:
         return history
-    return dataclasses.replace(history, tags={**history.tags, searches.PARENT_TAG: found.info.run_id})
+    return dataclasses.replace(history, tags={**history.tags, store.PARENT_TAG: found.info.run_id})
 
 
 def _find(history: RunHistory, client):
