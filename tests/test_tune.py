@@ -228,3 +228,8 @@ def test_each_round_asks_values_no_trial_has():
             trials.append(Trial("r", len(trials), "trial", values, 0, state, abs(values["train.lr"] - 3e-3),
                                 {300: 2.0}))
     assert len({t.values["train.lr"] for t in trials}) == 10
+
+
+def test_a_key_searched_twice_is_named_once():
+    with pytest.raises(ValueError, match=r"^'train.lr=choice\(0.1, 1\)': train.lr searched twice"):
+        _split("train.lr=interval(1e-4, 1e-2)", "train.lr=choice(0.1, 1)")

@@ -95,7 +95,7 @@ def split(overrides) -> tuple[list, list[Dimension]]:
         if found is None:
             rows.append(override)
         elif any(d.key == found.key for d in space):
-            raise ValueError(f"{found.key}={shown(found.spec())}: searched twice; give one range per key")
+            raise ValueError(f"{shown(found.spec())}: {found.key} searched twice; give one range per key")
         else:
             space.append(found)
     return rows, space
