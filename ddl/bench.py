@@ -3,7 +3,7 @@
 Every figure is a ratio to the baseline measured in the same process, the arms alternating
 round by round to cancel drift (thermal, other load). Writes reports/bench/bench.{json,md}.
 
-    python -m ddl.bench [--rounds 7] [--steps 3] [--quick] [--out DIR]
+    python -m ddl.bench [--rounds 7] [--steps 3] [--quick] [--arms baseline,ddl_dv4,...] [--out DIR]
 
 Memory on CPU is the activation memory autograd holds for backward (unique storages saved,
 parameters excluded: what grows with d_v); on CUDA, torch.cuda.max_memory_allocated over a step.
@@ -93,10 +93,11 @@ class Arm:
 
 
 def model_costs(device: torch.device, shape: dict, batch: int, seq: int, rounds: int, steps: int,
-                compile_: bool) -> dict:
+                compile_: bool, names: list[str]) -> dict:
+    """The arms `names` (the baseline first) alternating round by round: step time, memory, MFU."""
     if compile_:  # every arm compiles GPT.forward anew: past dynamo's limit (8) the others would run eagerly
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, len(ARMS))
-    arms = [Arm(name, shape, batch, seq, device, compile_) for name in ARMS]
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, len(names))
+    arms = [Arm(name, shape, batch, seq, device, compile_) for name in names]
     for arm in arms:                                   # warm-up (and compilation)
         arm.step(), arm.step()
         arm.memory = arm.measure_memory()
@@ -258,8 +259,9 @@ def time_target(name: str, rows: dict) -> float | None:
     arm, compiled = name.removesuffix("_compiled"), name.endswith("_compiled")
     if arm in TARGETS:
         return TARGETS[arm]
-    if arm in ("ddl_dv4_cc", "ddl_dv4_ec"):
-        return 1.05 * rows["ddl_dv4" + ("_compiled" if compiled else "")]["time_ratio"]
+    dv4 = rows.get("ddl_dv4" + ("_compiled" if compiled else ""))
+    if arm in ("ddl_dv4_cc", "ddl_dv4_ec") and dv4:
+        return 1.05 * dv4["time_ratio"]
     return None
 
 
@@ -318,7 +320,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="fewer rounds, for a smoke check")
     parser.add_argument("--out", type=Path, default=None, help="where bench.{json,md} go (default reports/bench)")
+    parser.add_argument("--arms", default=",".join(ARMS), help="the model arms, comma-separated (default: all; "
+                        "the baseline always runs: every figure is a ratio to it)")
     args = parser.parse_args(argv)
+    names = ["baseline", *(name for name in args.arms.split(",") if name != "baseline")]
+    unknown = [name for name in names if name not in ARMS]
+    if unknown:
+        parser.error(f"--arms: {','.join(unknown)} unknown; allowed: {', '.join(ARMS)}")
     rounds, steps = (2, 1) if args.quick else (args.rounds, args.steps)
     reuses_memory = keep_freed_memory()               # as train() does: no page faults for reused activations
     cuda = torch.cuda.is_available()
@@ -330,12 +338,12 @@ def main(argv: list[str] | None = None) -> int:
                           "keep_freed_memory": reuses_memory,
                           "fused_loops": loops_name(torch.empty(0, device=device))},
               "config": {**shape, "batch": batch, "seq_len": seq}}
-    result["model"] = model_costs(device, shape, batch, seq, rounds, steps, compile_=False)
+    result["model"] = model_costs(device, shape, batch, seq, rounds, steps, False, names)
     if cuda:  # the paper's small size, bf16, compiled and not
         small = {**SIZES["small"], "vocab_size": ModelConfig.vocab_size}  # GPT-2's, padded
         for compile_ in (False, True):
             result[f"model_small_bf16{'_compiled' if compile_ else ''}"] = model_costs(device, small, 16, 1024, rounds,
-                                                                                         steps, compile_)
+                                                                                         steps, compile_, names)
     result["orchestrator"] = orchestrator_costs(runs=2 if args.quick else 5)
     result["logging"] = logging_cost(result["model"]["baseline"]["step_ms"] / 1e3)
     out = args.out or paths.reports_dir() / "bench"

@@ -14,7 +14,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from ..data import BatchLoader, open_dataset, prepare, val_batches
-from ..model import GPT, ModelConfig
+from ..model import GPT
 from . import checkpoint
 from .config import RunConfig, TrainConfig
 from .distributed import DistInfo, all_reduce_mean, any_rank_signal, cpu_threads, init_distributed, keep_freed_memory
@@ -121,12 +121,6 @@ def _val_metrics(val_loss: float, bytes_per_token: float) -> dict[str, float]:
             "val/bpb": val_loss / math.log(2) / bytes_per_token}
 
 
-def compile_is_exact(model: ModelConfig, device_type: str) -> bool:
-    """Whether torch.compile of the whole model trains on the right gradients: not the fused Delta update
-    (and DeltaProduct's steps) on CUDA, whose compiled backward `make gpu-check` found wrong on an H100."""
-    return device_type != "cuda" or model.residual == "baseline" or model.kernels != "fused"
-
-
 class Trainer:
     """One run in named steps (as torchtitan's trainer reads): setup, resume, train_step, validate,
     checkpoint, teardown. `fit()` runs the loop; `train()` is the one-call form."""
@@ -144,11 +138,8 @@ class Trainer:
         self.last_checkpoint = self.resume()
         self.ddp = DistributedDataParallel(self.model) if self.info.world_size > 1 else None
         self.forward = self.ddp or self.model
-        if self.cfg.compile and compile_is_exact(self.run.model, self.device.type):
+        if self.cfg.compile:
             self.forward = torch.compile(self.forward)
-        elif self.cfg.compile and self.info.is_main:
-            print("train.compile=true: not applied: on CUDA the whole-model compile of the fused Delta update gives "
-                  "wrong gradients (make gpu-check, docs/performance.md); this run trains eager", flush=True)
         self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda")
 
     # -- setup --------------------------------------------------------------------------------

@@ -79,6 +79,12 @@ def at_least_fp32(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t in dtype, t itself when it is already: an autograd Function's output made by a no-op t.to(dtype)
+    (an alias of t) got wrong gradients from torch.compile on CUDA (torch 2.11; make gpu-check)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 class FusedDeltaUpdate(torch.autograd.Function):
     """delta_update: (X, k~, beta, v, k_eps) -> (X + w k~^T, w), in at least fp32 whatever autocast says.
 
@@ -98,7 +104,7 @@ class FusedDeltaUpdate(torch.autograd.Function):
             X_new, w, rho, q = loops_for(X).update_forward(*inputs, k_eps ** 2)
         ctx.save_for_backward(*inputs, rho, q)
         ctx.dtypes = (X.dtype, h.dtype, beta.dtype, v.dtype)
-        return X_new.to(X.dtype), w
+        return cast(X_new, X.dtype), w
 
     @staticmethod
     def backward(ctx, G, g_w):
@@ -122,7 +128,7 @@ class FusedDeltaSteps(torch.autograd.Function):
             X_new, w, rho, q = loops_for(X).update_steps_forward(X_acc, *_by_kind(inputs), k_eps ** 2)
         ctx.save_for_backward(X_acc, *inputs, rho, q)
         ctx.dtypes = [t.dtype for t in (X, *steps)]
-        return X_new.to(X.dtype), w
+        return cast(X_new, X.dtype), w
 
     @staticmethod
     def backward(ctx, G, g_w):
@@ -190,7 +196,7 @@ class FusedNormProjections(torch.autograd.Function):
             c, l_c, l_x, rho = torch.ops.ddl_delta.norm_forward(*inputs, eps)
         ctx.save_for_backward(*inputs, rho)
         ctx.dtypes = [t.dtype for t in (x, weight, W_c, W_x)]
-        return c.to(x.dtype), l_c, l_x
+        return cast(c, x.dtype), l_c, l_x
 
     @staticmethod
     def backward(ctx, g_c, g_lc, g_lx):

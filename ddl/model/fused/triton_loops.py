@@ -14,8 +14,9 @@ gradient: one program per chunk of TOKENS_PER_CHUNK tokens and block of features
 in order into a partial of its own, and the partials are summed by torch (no atomics). The chunks
 depend on the token count alone, so these gradients are the same bits on every run of a shape.
 
-Each op is a torch.library.triton_op: torch.compile traces into it (no graph break) and inductor
-sees its kernels. Importing this module imports triton; ddl.model.fused does so only on CUDA.
+The depthwise ops are torch.library.triton_ops: torch.compile traces into them (no graph break) and
+inductor sees their kernels; the update's are custom ops, which it calls as they are (see below).
+Importing this module imports triton; ddl.model.fused does so only on CUDA.
 Under TRITON_INTERPRET=1 (set before this import) the kernels run on CPU tensors, as the tests do.
 """
 
@@ -24,7 +25,7 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import custom_op, triton_op, wrap_triton
 
 TOKENS_PER_CHUNK = 64       # tokens a backward program sums the taps' gradient over, in order
 FEATURES_PER_BLOCK = 64     # features (along d) per program of the depthwise ops
@@ -336,19 +337,41 @@ def _by_chunk(kernel, tensors: tuple, taps: torch.Tensor, B: int, T: int, dv: in
     return partials.sum(0).to(taps.dtype)
 
 
-@triton_op("ddl_triton::update_forward", mutates_args=())
+# The update's ops are custom ops, opaque to torch.compile (the depthwise ops below are triton_ops, traced
+# into): its one kernel a direction has nothing for inductor to fuse, and their fakes give the shapes without
+# tracing the kernel (which under the interpreter would launch it on fake tensors).
+
+def _update_outputs(X: torch.Tensor, S: int | None = None) -> tuple[torch.Tensor, ...]:
+    """Empty X_new, w, rho, q of one update (S None) or of S steps stacked by step."""
+    B, T, dv, d = X.shape
+    steps = () if S is None else (S,)
+    return torch.empty_like(X), X.new_empty(B, T, *steps, dv), X.new_empty(B, T, S or 1), X.new_empty(B, T, *steps, dv)
+
+
+def _update_grads(G: torch.Tensor, S: int | None = None) -> tuple[torch.Tensor, ...]:
+    """Empty dL/dX, dL/dk~, dL/dbeta, dL/dv of one update (S None) or of S steps stacked by step."""
+    B, T, dv, d = G.shape
+    steps = () if S is None else (S,)
+    return torch.empty_like(G), G.new_empty(B, T, *steps, d), G.new_empty(B, T, S or 1), G.new_empty(B, T, *steps, dv)
+
+
+@custom_op("ddl_triton::update_forward", mutates_args=())
 def update_forward(X: torch.Tensor, h: torch.Tensor, beta: torch.Tensor, v: torch.Tensor,
                    eps2: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """X + w k~^T, w, rho, q = X k~ (see eager.update_forward)."""
     X, h, beta, v = (t.contiguous() for t in (X, h, beta, v))
     B, T, dv, d = X.shape
-    X_new = torch.empty_like(X)
-    w, q, rho = (X.new_empty(B, T, n) for n in (dv, dv, 1))
-    wrap_triton(_update_forward_kernel)[(B * T,)](X, h, beta, v, X_new, w, rho, q, eps2, dv, d, **_update_grid(dv, d))
-    return X_new, w, rho, q
+    X_new, w, rho, q = outputs = _update_outputs(X)
+    _update_forward_kernel[(B * T,)](X, h, beta, v, X_new, w, rho, q, eps2, dv, d, **_update_grid(dv, d))
+    return outputs
 
 
-@triton_op("ddl_triton::update_backward", mutates_args=())
+@update_forward.register_fake
+def _(X, h, beta, v, eps2):
+    return _update_outputs(X)
+
+
+@custom_op("ddl_triton::update_backward", mutates_args=())
 def update_backward(G: torch.Tensor, g_w: Optional[torch.Tensor], X: torch.Tensor, h: torch.Tensor, beta: torch.Tensor,
                     v: torch.Tensor, rho: torch.Tensor,
                     q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -357,11 +380,15 @@ def update_backward(G: torch.Tensor, g_w: Optional[torch.Tensor], X: torch.Tenso
     has_g_w = g_w is not None
     g_w = g_w.contiguous() if has_g_w else G                      # not read when absent
     B, T, dv, d = X.shape
-    g_X = torch.empty_like(G)
-    g_h, g_beta, g_v = (G.new_empty(B, T, n) for n in (d, 1, dv))
-    wrap_triton(_update_backward_kernel)[(B * T,)](G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, dv, d,
-                                                   HAS_G_W=has_g_w, **_update_grid(dv, d))
-    return g_X, g_h, g_beta, g_v
+    g_X, g_h, g_beta, g_v = grads = _update_grads(G)
+    _update_backward_kernel[(B * T,)](G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, dv, d,
+                                      HAS_G_W=has_g_w, **_update_grid(dv, d))
+    return grads
+
+
+@update_backward.register_fake
+def _(G, g_w, X, h, beta, v, rho, q):
+    return _update_grads(G)
 
 
 def _stacked(h: list[torch.Tensor], beta: list[torch.Tensor], v: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -369,21 +396,25 @@ def _stacked(h: list[torch.Tensor], beta: list[torch.Tensor], v: list[torch.Tens
     return [torch.stack(h, 2), torch.cat(beta, -1), torch.stack(v, 2)]
 
 
-@triton_op("ddl_triton::update_steps_forward", mutates_args=())
+@custom_op("ddl_triton::update_steps_forward", mutates_args=())
 def update_steps_forward(X: torch.Tensor, h: list[torch.Tensor], beta: list[torch.Tensor], v: list[torch.Tensor],
                          eps2: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """X_S, and w (B,T,S,dv), rho (B,T,S), q (B,T,S,dv) by step (see eager.update_steps_forward)."""
     X = X.contiguous()
     B, T, dv, d = X.shape
     S = len(h)
-    X_new = torch.empty_like(X)
-    w, q, rho = X.new_empty(B, T, S, dv), X.new_empty(B, T, S, dv), X.new_empty(B, T, S)
-    wrap_triton(_update_steps_forward_kernel)[(B * T,)](X, *_stacked(h, beta, v), X_new, w, rho, q, eps2, S, dv, d,
-                                                        **_update_grid(dv, d))
-    return X_new, w, rho, q
+    X_new, w, rho, q = outputs = _update_outputs(X, S)
+    _update_steps_forward_kernel[(B * T,)](X, *_stacked(h, beta, v), X_new, w, rho, q, eps2, S, dv, d,
+                                           **_update_grid(dv, d))
+    return outputs
 
 
-@triton_op("ddl_triton::update_steps_backward", mutates_args=())
+@update_steps_forward.register_fake
+def _(X, h, beta, v, eps2):
+    return _update_outputs(X, len(h))
+
+
+@custom_op("ddl_triton::update_steps_backward", mutates_args=())
 def update_steps_backward(G: torch.Tensor, g_w: Optional[torch.Tensor], X: torch.Tensor, h: list[torch.Tensor],
                           beta: list[torch.Tensor], v: list[torch.Tensor], rho: torch.Tensor,
                           q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -393,11 +424,15 @@ def update_steps_backward(G: torch.Tensor, g_w: Optional[torch.Tensor], X: torch
     g_w = g_w.contiguous() if has_g_w else G                      # not read when absent
     B, T, dv, d = X.shape
     S = len(h)
-    g_X = torch.empty_like(G)
-    g_h, g_beta, g_v = G.new_empty(B, T, S, d), G.new_empty(B, T, S), G.new_empty(B, T, S, dv)
-    wrap_triton(_update_steps_backward_kernel)[(B * T,)](G, g_w, X, *_stacked(h, beta, v), rho, q, g_X, g_h, g_beta,
-                                                         g_v, S, dv, d, HAS_G_W=has_g_w, **_update_grid(dv, d))
-    return g_X, g_h, g_beta, g_v
+    g_X, g_h, g_beta, g_v = grads = _update_grads(G, S)
+    _update_steps_backward_kernel[(B * T,)](G, g_w, X, *_stacked(h, beta, v), rho, q, g_X, g_h, g_beta, g_v, S, dv, d,
+                                            HAS_G_W=has_g_w, **_update_grid(dv, d))
+    return grads
+
+
+@update_steps_backward.register_fake
+def _(G, g_w, X, h, beta, v, rho, q):
+    return _update_grads(G, len(h))
 
 
 @triton_op("ddl_triton::read_forward", mutates_args=())
