@@ -15,7 +15,8 @@ from ddl.data import DataConfig
 from ddl.model import model_config
 from ddl.train import Interrupted, NonFiniteLoss, RunConfig, TrainConfig, train
 from ddl.train import checkpoint
-from ddl.train.loop import lr_at, param_groups
+from ddl.model.mup import optimizer_groups
+from ddl.train.loop import lr_at
 
 
 class Recorder:
@@ -126,11 +127,12 @@ def test_lr_schedule_and_weight_decay_groups():
     assert lr_at(100, cfg) == pytest.approx(1e-4)
     assert lr_at(55, cfg) == pytest.approx(1e-4 + 0.9e-3 * 0.5)
     from ddl.model import GPT
-    model = GPT(model_config("micro", vocab_size=256, residual="ddl", dv=4))
-    decayed, plain = param_groups(model, 0.1)
+    cfg = model_config("micro", vocab_size=256, residual="ddl", dv=4)
+    decayed, plain = optimizer_groups(model := GPT(cfg), cfg, 1e-3, 0.1)
     names = {id(p): n for n, p in model.named_parameters()}
     assert all("norm" in names[id(p)] or names[id(p)].endswith(("bias", "read")) for p in plain["params"])
     assert plain["weight_decay"] == 0 and decayed["weight_decay"] == 0.1
+    assert plain["lr"] == decayed["lr"] == 1e-3
 
 
 DDP_SCRIPT = textwrap.dedent("""

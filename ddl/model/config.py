@@ -30,6 +30,10 @@ Knob semantics (paper sections 3-4, appendix B; the reference implementation whe
 - norm_eps: every RMSNorm's eps (block, QK and final norms); 1e-5 as in the reference code.
 - qk_norm: 'after_rope' (the reference: rotate q, k, then RMSNorm each head) or 'before_rope'
   (RMSNorm, then rotate: how checkpoints written before reference parity were trained).
+- param: the parameterization. 'sp' (standard: init and learning rate as given, the reference
+  code's) or 'mup' (ddl/model/mup.py: µP, Yang et al. 2022; the paper trains with it but ships no
+  recipe), under which a learning rate tuned at one width carries to others. mup_base_width: the
+  width at which mup equals sp (default 128, the CPU study's tiny; the cluster sweeps set their own).
 - kernels: how the Delta residual's own ops run; the same numbers up to float rounding (a
   separate run, like train.compile).
     fused     hand-written autograd kernels (ddl/model/fused): C++ loops on CPU, built once per
@@ -51,6 +55,7 @@ MAPPINGS = ("k", "v")
 BETA_ESTIMATORS = ("linear", "mlp")
 KERNELS = ("fused", "compiled")
 INITS = ("reference", "gpt2")
+PARAMS = ("sp", "mup")
 CC_PADDINGS = ("centered", "causal")
 QK_NORMS = ("after_rope", "before_rope")
 # The knobs of the Delta residual: none of them shapes a baseline.
@@ -58,7 +63,7 @@ DDL_KNOBS = ("dv", "conv", "mapping", "beta_init", "beta_estimator", "beta_hidde
              "v_sigmoid_scale", "state_conv_kernel", "embed_conv_kernel", "read_init", "cc_padding", "n_h")
 # Fields added after run signatures were first written, with the value every earlier run had: at
 # that value a field is left out of the run's effective config, so earlier signatures still hold.
-LATER_FIELDS = dict(n_h=1)
+LATER_FIELDS = dict(n_h=1, param="sp", mup_base_width=128)
 # What a config saved before these fields existed was built with (a checkpoint written before
 # reference parity): loading it with these values computes the function it was trained as.
 PRE_PARITY = dict(init="gpt2", norm_eps=1e-6, qk_norm="before_rope", cc_padding="causal")
@@ -105,10 +110,12 @@ class ModelConfig:
     qk_norm: str = "after_rope"
     cc_padding: str = "centered"
     n_h: int = 1
+    param: str = "sp"
+    mup_base_width: int = 128
 
     def __post_init__(self) -> None:
         for key in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len", "dv", "beta_hidden",
-                    "embed_conv_kernel", "n_h"):
+                    "embed_conv_kernel", "n_h", "mup_base_width"):
             _need_int(key, getattr(self, key), 1)
         _need_choice("residual", self.residual, RESIDUALS)
         _need_choice("conv", self.conv, CONVS)
@@ -118,6 +125,9 @@ class ModelConfig:
         _need_choice("init", self.init, INITS)
         _need_choice("qk_norm", self.qk_norm, QK_NORMS)
         _need_choice("cc_padding", self.cc_padding, CC_PADDINGS)
+        _need_choice("param", self.param, PARAMS)
+        if self.param == "mup" and self.init != "reference":
+            _fail("init", self.init, "must be reference with param=mup (µP scales the reference init by width)")
         if self.d_model % self.n_head:
             _fail("d_model", self.d_model, f"must be divisible by n_head={self.n_head}")
         if (self.d_model // self.n_head) % 2:
@@ -175,8 +185,9 @@ class ModelConfig:
         launcher's run signature (a hash of this) dedups e.g. baseline dv=1 and baseline dv=4.
         """
         defaults = ModelConfig()
+        cfg = self if self.param == "mup" else dataclasses.replace(self, mup_base_width=defaults.mup_base_width)
         if self.residual == "baseline":
-            return dataclasses.replace(self, **{k: getattr(defaults, k) for k in DDL_KNOBS})
+            return dataclasses.replace(cfg, **{k: getattr(defaults, k) for k in DDL_KNOBS})
         changes: dict = {"beta_init": float(self.beta_init)}
         if self.beta_estimator == "linear":
             changes["beta_hidden"] = defaults.beta_hidden
@@ -189,7 +200,7 @@ class ModelConfig:
             changes["embed_conv_kernel"] = defaults.embed_conv_kernel
         if not (self.expanded and self.channel_conv and self.state_kernel > 1):   # one tap pads nothing
             changes["cc_padding"] = defaults.cc_padding
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(cfg, **changes)
 
 
 # Paper Table 4 (small, medium); CPU sizes for tests, the embedded demo and the CPU scaling study

@@ -16,6 +16,7 @@ from torch import nn
 from .config import ModelConfig
 from .delta import DeltaResidual, EmbedExpander, make_compressor
 from .fused import at_least_fp32
+from .mup import logit_multiplier, rescale_init
 
 OUTPUT_PROJECTIONS = ("attn.proj.weight", "mlp.w_down.weight")
 
@@ -143,10 +144,12 @@ class GPT(nn.Module):
         cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.logit_multiplier = logit_multiplier(cfg)   # µP's readout: the tied embedding's logits / m
         self._init_weights()
 
     def _init_weights(self) -> None:
-        """ModelConfig.init: 'reference' or 'gpt2' (its docstring says what each sets)."""
+        """ModelConfig.init: 'reference' or 'gpt2' (its docstring says what each sets); then µP's factors
+        (ddl/model/mup.py) under param='mup'."""
         if self.cfg.init == "reference":
             self._init_reference()
         else:
@@ -154,6 +157,8 @@ class GPT(nn.Module):
         for _, delta in self.delta_residuals():  # after the generic pass, which may zero biases
             for gate_out in delta.gate_outputs():
                 nn.init.constant_(gate_out.bias, delta.beta_bias_init)   # beta_j = beta_init at init
+        if self.cfg.param == "mup":
+            rescale_init(self, self.cfg)
 
     def _init_reference(self) -> None:
         """Every matrix and conv kernel N(0, 0.5/sqrt(d)), the output projections N(0, 0.5/sqrt(d L)),
@@ -203,6 +208,8 @@ class GPT(nn.Module):
                 x = block(x, cos, sin)
         logits = self.lm_head(self.norm_f(x))
         logits = logits.to(at_least_fp32(logits.dtype))                        # (B,T,V)
+        if self.logit_multiplier != 1.0:
+            logits = logits * self.logit_multiplier
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))

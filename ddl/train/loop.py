@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..data import BatchLoader, open_dataset, prepare, val_batches
 from ..model import GPT
+from ..model.mup import optimizer_groups
 from . import checkpoint
 from .config import RunConfig, TrainConfig
 from .distributed import DistInfo, all_reduce_mean, any_rank_signal, cpu_threads, init_distributed, keep_freed_memory
@@ -61,15 +62,6 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     floor = cfg.lr * cfg.min_lr_ratio
     return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices (linear weights, the tied embedding, conv kernels) only; never on
-    norms' gains, biases, beta-gate biases or read vectors."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        (decay if p.dim() >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 class _DeferredSignals(DeferredSignals):
@@ -167,7 +159,8 @@ class Trainer:
         cfg = self.cfg
         torch.manual_seed(self.run.seed)                                          # same init on every rank
         self.model = GPT(self.run.model).to(self.device)
-        self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
+        groups = optimizer_groups(self.model, self.run.model, cfg.lr, cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr,
                                            betas=(cfg.beta1, cfg.beta2), fused=self.device.type == "cuda")
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_at(s, cfg) / cfg.lr)
 
@@ -229,7 +222,7 @@ class Trainer:
                 where = f"parameters are non-finite; last checkpoint: {checkpoint.latest(self.run_dir)}"
             raise NonFiniteLoss(f"train loss is {train_loss} at step {self.step + 1}; {where}")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip).item()
-        lr = self.optimizer.param_groups[0]["lr"]
+        lr = lr_at(self.step, self.cfg)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

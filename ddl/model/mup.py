@@ -1,0 +1,93 @@
+"""µP (Yang et al. 2022, Tensor Programs V, table 8 for Adam) for ModelConfig.param='mup'.
+
+The width multiplier is m = d_model / mup_base_width; at m = 1 µP is the standard form (sp) bit for bit.
+Every parameter has a role (`role`, the table in docs/DESIGN.md says why each):
+
+    role     what it is                                   init std            Adam lr    weight decay
+    hidden   both fans grow with d (d x d, d x 8/3 d)     sp's (~1/sqrt(d))   lr / m     wd * m
+    output   fan-in grows, fan-out fixed (d -> 1, d_v)    sp's / sqrt(m)      lr / m     wd * m
+    input    fan-in fixed, fan-out grows (the embedding)  sp's (constant)     lr         wd
+    vector   no fan-in that grows (gains, biases, taps)   its base width's    lr         wd
+
+Weight decay times m keeps AdamW's per-step decay lr * wd the same at every width (as the mup
+package's MuAdam does by default). The embedding is tied to the readout: it keeps its input role
+and the logits are multiplied by 1/m instead (the mup package's MuSharedReadout). Attention keeps
+1/sqrt(d_head): every size ddl defines grows its heads in number at a fixed size, where µP's
+1/d_head rule is that constant. The init factors assume model.init=reference (matrices N(0,
+0.5/sqrt(d))): the config refuses mup with another init.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import ModelConfig
+
+HIDDEN, OUTPUT, INPUT, VECTOR = "hidden", "output", "input", "vector"
+# (name suffix, role): the Linear maps by what they read and write
+HIDDEN_MAPS = ("attn.qkv.weight", "attn.proj.weight", "mlp.w_gate.weight", "mlp.w_up.weight", "mlp.w_down.weight",
+               "phi_k.weight", "W_k.weight")                               # v-Map's key map; DeltaProduct's W_k^j
+OUTPUT_MAPS = ("beta_gate.weight", "beta_gate.0.weight",                   # the gate's d -> 1 (or d -> hidden)
+               "W_v.weight")                                              # the value map, d -> d_v
+STATE_MAPS = ("compress.weight", "readout.weight", "expand.weight")        # per-feature taps: fan-in d_v K
+
+
+def width_multiplier(cfg: ModelConfig) -> float:
+    return cfg.d_model / cfg.mup_base_width if cfg.param == "mup" else 1.0
+
+
+def role(name: str, p: torch.Tensor) -> str:
+    """The µP role of the parameter `name` (as GPT.named_parameters() names it)."""
+    if name == "wte.weight":
+        return INPUT
+    if name.endswith(HIDDEN_MAPS):
+        return HIDDEN
+    if name.endswith(OUTPUT_MAPS):
+        return OUTPUT
+    if p.dim() == 1 or name.endswith(STATE_MAPS) or name.endswith("beta_gate.2.weight"):   # MLP gate's hidden -> 1
+        return VECTOR
+    raise ValueError(f"no µP role for parameter {name!r} {tuple(p.shape)}: add it to ddl/model/mup.py")
+
+
+def _init_scales_with_width(name: str, p: torch.Tensor) -> bool:
+    """Whether the reference init gave this vector-like parameter a std of 1/sqrt(d): the taps that
+    start random and the value map's bias (PyTorch's U(+-1/sqrt(d)))."""
+    return (p.dim() >= 2 and not name.endswith("expand.weight")) or name.endswith("W_v.bias")
+
+
+def init_factor(name: str, p: torch.Tensor, m: float) -> float:
+    """What µP multiplies the reference init of `name` by, at width multiplier m."""
+    kind = role(name, p)
+    if kind == OUTPUT:
+        return m ** -0.5
+    if kind == VECTOR and _init_scales_with_width(name, p):
+        return m ** 0.5
+    return 1.0
+
+
+@torch.no_grad()
+def rescale_init(model: nn.Module, cfg: ModelConfig) -> None:
+    m = width_multiplier(cfg)
+    for name, p in model.named_parameters():
+        factor = init_factor(name, p, m)
+        if factor != 1.0:
+            p.mul_(factor)
+
+
+def optimizer_groups(model: nn.Module, cfg: ModelConfig, lr: float, weight_decay: float) -> list[dict]:
+    """AdamW's parameter groups: weight decay on matrices (linear weights, the tied embedding, conv
+    kernels) only, never on gains, biases or read vectors; under µP hidden and output matrices at
+    lr / m with weight decay * m. Each group keeps its lr multiplier as `lr_scale`."""
+    m = width_multiplier(cfg)
+    groups: dict[tuple[bool, float], list] = {}
+    for name, p in model.named_parameters():
+        scale = 1.0 / m if role(name, p) in (HIDDEN, OUTPUT) else 1.0
+        groups.setdefault((p.dim() >= 2, scale), []).append(p)
+    return [{"params": params, "lr": lr * scale, "lr_scale": scale,
+             "weight_decay": weight_decay / scale if decay else 0.0}
+            for (decay, scale), params in sorted(groups.items(), key=lambda kv: (not kv[0][0], -kv[0][1]))]
+
+
+def logit_multiplier(cfg: ModelConfig) -> float:
+    return 1.0 / width_multiplier(cfg)
