@@ -82,6 +82,7 @@ def _group(schema: type) -> dataclasses.Field:
 
 _MODEL_REST = [n for n in _names(ModelConfig) if n not in AXES + DDL_KNOBS + DERIVED + SIZE_DIMS]
 ModelGroup = _schema("ModelGroup", [("size", str, dataclasses.field(default=MISSING)),   # conf/model/<size>.yaml
+                                    ("head_size", Optional[int], dataclasses.field(default=None)),  # model_config's
                                     *_keys(ModelConfig, SIZE_DIMS, default="null"), *_keys(ModelConfig, _MODEL_REST)])
 DDLGroup = _schema("DDLGroup", _keys(ModelConfig, [n for n in DDL_KNOBS if n not in AXES]))
 DataGroup = _schema("DataGroup", _keys(DataConfig, _names(DataConfig)))

@@ -217,10 +217,18 @@ SIZES: dict[str, dict[str, int]] = {
 }
 
 
-def model_config(size: str, **overrides) -> ModelConfig:
+def model_config(size: str, head_size: int | None = None, **overrides) -> ModelConfig:
+    """The size's dims with `overrides`; head_size (heads of a fixed size, as µP's width sweeps keep
+    them) sets n_head = d_model / head_size."""
     if size not in SIZES:
         _fail("model", size, f"must be one of {', '.join(SIZES)}")
-    return ModelConfig(**{**SIZES[size], **overrides})
+    fields = {**SIZES[size], **overrides}
+    if head_size is not None:
+        _need_int("head_size", head_size, 2)
+        if fields["d_model"] % head_size:
+            _fail("head_size", head_size, f"must divide d_model={fields['d_model']}")
+        fields["n_head"] = fields["d_model"] // head_size
+    return ModelConfig(**fields)
 
 
 def ddl_extra_params(cfg: ModelConfig) -> int:
