@@ -36,13 +36,15 @@ class Recorder:
         return [(s, m["train/loss"]) for s, m in self.rows if "train/loss" in m]
 
 
-def micro_run(residual="ddl", dv=4, **train_kw):
+def micro_run(residual="ddl", dv=4, param="sp", **train_kw):
+    """Under mup at base width 32: micro's width 64 is m = 2, where µP differs from sp."""
     kw = dict(steps=8, batch_tokens=4 * 32, micro_batch=4, seq_len=32, warmup_steps=2, eval_every=4,
               eval_tokens=512, ckpt_every=4, log_every=1)
     kw.update(train_kw)
     data = DataConfig()
-    return RunConfig(model_config("micro", vocab_size=data.model_vocab_size(), residual=residual, dv=dv),
-                     data, TrainConfig(**kw), seed=1)
+    model = model_config("micro", vocab_size=data.model_vocab_size(), residual=residual, dv=dv, param=param,
+                         mup_base_width=32)
+    return RunConfig(model, data, TrainConfig(**kw), seed=1)
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +72,14 @@ def sigterm_default():
     signal.signal(signal.SIGTERM, previous)
 
 
-def test_stopped_and_resumed_run_continues_the_same_curve(tmp_path, data_root, sigterm_default):
+@pytest.mark.parametrize("param", ["sp", "mup"])
+def test_stopped_and_resumed_run_continues_the_same_curve(tmp_path, data_root, sigterm_default, param):
     full = Recorder()
-    train(micro_run(), tmp_path / "full", full, "sig", data_root=data_root)
+    train(micro_run(param=param), tmp_path / "full", full, "sig", data_root=data_root)
     first, second = SignalAt(3), Recorder()
     with pytest.raises(Interrupted):                                          # stopped at N = 3 of 8
-        train(micro_run(), tmp_path / "split", first, "sig", data_root=data_root)
-    result = train(micro_run(), tmp_path / "split", second, "sig", data_root=data_root)
+        train(micro_run(param=param), tmp_path / "split", first, "sig", data_root=data_root)
+    result = train(micro_run(param=param), tmp_path / "split", second, "sig", data_root=data_root)
     assert result.resumed_from == 3
     assert first.losses() + second.losses() == full.losses()  # identical, not merely close
 
@@ -89,6 +92,8 @@ def test_checkpoints_are_atomic_pruned_and_signed(tmp_path, data_root):
     assert state["step"] == 12 and state["signature"] == "sig" and "loader" in state and "rng" in state
     with pytest.raises(ValueError, match="holds checkpoints of run sig, not other"):
         train(micro_run(steps=12), tmp_path, Recorder(), "other", data_root=data_root)
+    with pytest.raises(ValueError, match=r"^model.param='mup': checkpoint .* was trained under model.param='sp'; "):
+        train(micro_run(steps=12, param="mup"), tmp_path, Recorder(), "sig", data_root=data_root)
     model, meta = checkpoint.load_checkpoint_model(tmp_path)
     assert meta["step"] == 12 and not model.training
 

@@ -14,7 +14,7 @@ from ..text import plural
 from . import status
 from .configs import ConfigError
 from .schema import AXES
-from .spec import Job, flatten
+from .spec import Job
 
 
 @dataclass
@@ -107,10 +107,10 @@ def label_jobs(jobs: list[Job]) -> list[Job]:
     configs, so their names are distinct."""
     groups: dict[str, list[tuple[Job, dict]]] = {}
     for job in jobs:
-        groups.setdefault(job.base_name, []).append((job, flatten(job.run.effective_dict())))
+        groups.setdefault(job.base_name, []).append((job, job.params()))
     for group in groups.values():
         keys = dict.fromkeys(key for _, settings in group for key in settings)
         varying = [key for key in keys if len({repr(settings.get(key)) for _, settings in group}) > 1]
         for job, settings in group if len(group) > 1 else ():
-            job.label = " ".join(f"{_setting(key)}={settings.get(key)}" for key in varying)
+            job.label = " ".join(f"{_setting(key)}={settings[key]}" for key in varying if key in settings)
     return jobs

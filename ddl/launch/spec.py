@@ -142,11 +142,14 @@ class Job:
 
 
 def run_params(run: RunConfig) -> dict:
-    """MLflow's params of a run: what shapes it (a baseline logs no Delta knob), its size, row and
-    parameter counts (total and what the Delta residual adds). A trained job's and an imported checkpoint's."""
+    """MLflow's params of a run: what shapes it (a baseline logs no Delta knob), its parameterization (and
+    µP's base width), size, row and parameter counts (total and what the Delta residual adds). A trained
+    job's and an imported checkpoint's."""
     model = run.model
     params = flatten(run.effective_dict())
     if model.residual == "baseline":
         params = {k: v for k, v in params.items() if k.removeprefix("model.") not in DDL_KNOBS}
-    return {**params, "model.size": size_name(model), "model.row": row_name(model),
-            "model.params": param_count(model), "model.ddl_extra_params": ddl_extra_params(model)}
+    base_width = {"model.mup_base_width": model.mup_base_width} if model.param == "mup" else {}
+    return {**params, "model.param": model.param, **base_width, "model.size": size_name(model),
+            "model.row": row_name(model), "model.params": param_count(model),
+            "model.ddl_extra_params": ddl_extra_params(model)}

@@ -111,6 +111,7 @@ def row_label(row: str) -> str:
 
 NOT_SETTINGS = {"params.seed", "params.model.size", "params.model.row"}
 NOT_LOGGED = "(not logged)"   # a setting the run's code did not have yet: it ran that code's default
+APPLIES_UNDER = {"params.model.mup_base_width": ("params.model.param", "mup")}   # left out of other runs' rows
 
 
 def variant_rows(runs: pd.DataFrame) -> pd.Series:
@@ -122,9 +123,10 @@ def variant_rows(runs: pd.DataFrame) -> pd.Series:
     settings = [c for c in runs.columns if c.startswith("params.") and c not in NOT_SETTINGS]
     for _, group in runs.groupby(["params.model.size", "params.model.row"], sort=False):
         varying = [c for c in settings if group[c].nunique(dropna=False) > 1]
-        for index, run in group[varying].iterrows():
-            rows[index] += "".join(f" {c.removeprefix('params.')}={NOT_LOGGED if pd.isna(value) else value}"
-                                   for c, value in run.items())
+        for index, run in group.iterrows():
+            rows[index] += "".join(f" {c.removeprefix('params.')}={NOT_LOGGED if pd.isna(run[c]) else run[c]}"
+                                   for c in varying if c not in APPLIES_UNDER or run.get(APPLIES_UNDER[c][0]) ==
+                                   APPLIES_UNDER[c][1])
     return rows
 
 

@@ -23,6 +23,8 @@ def load_runs(experiment: str) -> pd.DataFrame:
     client()  # points mlflow at the project's store
     runs = mlflow.search_runs(experiment_names=[experiment], filter_string=f"tags.`{SIGNATURE_TAG}` != ''",
                               output_format="pandas")
+    if "params.model.param" in runs:            # runs logged before the key existed ran the standard form
+        runs["params.model.param"] = runs["params.model.param"].fillna("sp")
     return runs.rename(columns={"tags.mlflow.runName": "name"})
 
 

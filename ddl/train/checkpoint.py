@@ -146,6 +146,15 @@ def newest_intact(run_dir: Path, map_location="cpu") -> tuple[Path, dict] | None
     return None
 
 
+def check_parameterization(path: Path, state: dict, param: str) -> None:
+    """A checkpoint loads only under the parameterization it was trained with (model.param; one written
+    before the key existed is sp): under the other, the same weights compute another function."""
+    saved = state["run"]["model"].get("param", "sp")
+    if saved != param:
+        raise ValueError(f"model.param={param!r}: checkpoint {str(path)!r} was trained under model.param={saved!r}; "
+                         f"it loads only under that one")
+
+
 def load_checkpoint_model(path: Path, map_location="cpu"):
     """(GPT in eval mode, meta) from a checkpoint file or a run directory (its latest checkpoint)."""
     from ..model import GPT
