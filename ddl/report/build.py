@@ -1,5 +1,6 @@
 """`reports/<experiment>/`: every table as .md/.tex/.csv (a search's tuned table among them), Figure 2, the
-Delta diagnostics by layer and, where a key was searched or listed, the sensitivity to it as PNG/SVG; with
+Delta diagnostics by layer and, where a key was searched or listed, the sensitivity to it as PNG/SVG (and,
+for one depth at several widths over listed learning rates, lr_transfer: each width's best); with
 runs of two sizes or more the view across sizes (scaling.md/.csv, scaling_gap and
 scaling_loss as PNG/SVG), one index.html.
 
@@ -19,7 +20,7 @@ import pandas as pd
 
 from ..validation import safe_name
 from . import render
-from .figures import layer_diagnostics, loss_curves, sensitivity
+from .figures import layer_diagnostics, loss_curves, lr_transfer, sensitivity
 from .scaling import CrossSize, cross_size
 from .scaling_figures import gap_figure, loss_figure
 from .tables import Table, accuracy_table, deltaproduct_table, evaluated, loss_table, variant_rows
@@ -65,6 +66,7 @@ def build(experiment: str, runs: pd.DataFrame, histories: pd.DataFrame, out_root
         drawn = loss_curves(runs, histories, size, unit, staging) + layer_diagnostics(runs, size, staging) + \
             sensitivity(runs, size, unit, staging)
         figures += [f for f in drawn if f.endswith(".png")]
+    figures += [f for f in lr_transfer(runs, unit, staging) if f.endswith(".png")]
     view = cross_size(runs, tables[0], sizes, unit)
     across = _across_sizes(view, staging)
     for table in tables:

@@ -149,3 +149,46 @@ def sensitivity(runs: pd.DataFrame, size: str, unit: str, out_dir: Path) -> list
     names = save_figure(fig, f"sensitivity_{size}", out_dir)
     plt.close(fig)
     return names
+
+
+def best_learning_rates(runs: pd.DataFrame) -> dict[tuple[str, str], dict[int, float]]:
+    """(row, parameterization) -> {width: the learning rate of the lowest final validation loss (mean over
+    seeds)}, for a sweep that trained one depth at several widths over a list of learning rates
+    (sweeps/transfer.yaml); empty for any other."""
+    done = runs[runs["status"] == "FINISHED"]
+    keys = ("params.train.lr", "params.model.d_model", "params.model.n_layer", "metrics.final/val/loss")
+    if any(k not in done for k in keys) or done["params.model.n_layer"].nunique() != 1 or \
+            done["params.model.d_model"].nunique() < 2 or done["params.train.lr"].nunique() < 2:
+        return {}
+    curves = done.assign(lr=pd.to_numeric(done["params.train.lr"]), width=pd.to_numeric(done["params.model.d_model"]),
+                         param=done.get("params.model.param", "sp"))
+    losses = curves.groupby(["params.model.row", "param", "width", "lr"])["metrics.final/val/loss"].mean()
+    return {(row, param): {width: at.idxmin()[-1] for width, at in by_width.groupby(level="width")}
+            for (row, param), by_width in losses.groupby(level=["params.model.row", "param"])}
+
+
+def lr_transfer(runs: pd.DataFrame, unit: str, out_dir: Path) -> list[str]:
+    """Final validation loss against the learning rate, a line per width, a panel per row and
+    parameterization (Yang et al.'s transfer figure): under µP the minima line up across widths."""
+    best = best_learning_rates(runs)
+    if not best:
+        return []
+    done = runs[runs["status"] == "FINISHED"]
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(best), figsize=(5 * len(best), 4.2), squeeze=False, sharey=True)
+    for ax, ((row, param), widths) in zip(axes[0], sorted(best.items()), strict=True):
+        panel = done[(done["params.model.row"] == row) & (done.get("params.model.param", "sp") == param)]
+        for i, width in enumerate(sorted(widths)):
+            at = panel[pd.to_numeric(panel["params.model.d_model"]) == width]
+            curve = at.groupby(pd.to_numeric(at["params.train.lr"]))["metrics.final/val/loss"].mean().sort_index()
+            ax.plot(curve.index, curve.values, marker="o", color=f"C{i}", label=f"d={width}: best {widths[width]:.3g}")
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_title(f"{row_label(row)}, {param}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    axes[0][0].set_ylabel(f"final validation loss ({unit})")
+    fig.tight_layout()
+    names = save_figure(fig, "lr_transfer", out_dir)
+    plt.close(fig)
+    return names
