@@ -30,6 +30,7 @@ from ..text import plural
 from ..track.filesystems import warn_if_sqlite_on_network
 from ..train.signals import DeferredSignals
 from . import cluster, status
+from .compose import JobConfigs
 from .configs import ConfigError
 from .plan import Plan, make_plan
 from .spec import Job
@@ -62,10 +63,9 @@ class SweepLauncher(BaseSubmititLauncher):
 
     # -- planning ---------------------------------------------------------------------------
     def plan(self, job_overrides: Sequence[Sequence[str]]) -> Plan:
-        """Hydra composes each override set; the plan itself is ddl.launch.plan's."""
-        loader = self.hydra_context.config_loader
-        return make_plan((list(filter_overrides(overrides)), loader.load_sweep_config(self.config, list(overrides)))
-                         for overrides in job_overrides)
+        """Each override set's config as Hydra composes it (ddl.launch.compose); the plan is ddl.launch.plan's."""
+        configs = JobConfigs(self.hydra_context.config_loader, self.config)
+        return make_plan((list(filter_overrides(overrides)), configs(list(overrides))) for overrides in job_overrides)
 
     # -- submission -------------------------------------------------------------------------
     def executor(self):
