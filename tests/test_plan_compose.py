@@ -8,6 +8,7 @@ import pickle
 import pytest
 
 from ddl.launch.configs import sweeps_dir
+from tests.conftest import run_cli
 
 # The seed study at 96 jobs, with values of each kind the grammar has: a number in e notation,
 # null, a quoted string, a list, a key of a group's node beside its choice
@@ -67,3 +68,15 @@ def test_the_product_composes_once_per_variant_and_size(ddl_home):
         for overrides in sets:
             configs.fast(overrides)
     assert len(sets) == 96 and len(configs.bases) == 8
+
+
+@pytest.mark.parametrize("sweep, message", [
+    ("dv=1,abc", "dv='abc': must be an integer"),
+    ("train.steps=20,-5", "train.steps=-5: must be an integer >= 1  [in job: train.steps=-5 model=micro train=smoke"),
+    ("model.n_layer=2,[3]", "model.n_layer=[3]: must be an integer or null"),
+])
+def test_a_bad_value_in_a_sweep_is_one_line_and_writes_nothing(ddl_home, sweep, message):
+    for dry_run in ([], ["--dry-run"]):
+        out = run_cli("ddl-run", "-m", sweep, "model=micro", "train=smoke", *dry_run)
+        assert out.returncode == 2 and out.stderr.startswith(f"ddl-run: error: {message}"), out
+        assert len(out.stderr.splitlines()) == 1 and not any(ddl_home.rglob("*")), out.stderr

@@ -21,9 +21,11 @@ from typing import Any, NamedTuple, Sequence
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra.errors import HydraException
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from .. import paths
 from ..text import plural
@@ -157,10 +159,11 @@ class SweepLauncher(BaseSubmititLauncher):
     @contextlib.contextmanager
     def refusal_leaves_nothing(self):
         """A refused sweep leaves nothing, as a refused run does: the multirun.yaml Hydra's sweeper wrote
-        before the launcher's checks goes, with each folder of DDL_HOME it leaves empty."""
+        before the launcher's checks (ddl's, or Hydra's of a job's overrides) goes, with each folder of
+        DDL_HOME it leaves empty."""
         try:
             yield
-        except ConfigError:
+        except (ConfigError, HydraException, OmegaConfBaseException):
             folder = Path(str(self.config.hydra.sweep.dir))
             (folder / "multirun.yaml").unlink(missing_ok=True)
             paths.prune(folder)
