@@ -47,7 +47,8 @@ report: install
 ui: install
 	$(BIN)/ddl-ui
 
-# The cost of the Delta residual against the baseline (same-process ratios) and of the orchestrator.
+# The cost of the Delta residual against the baseline (same-process ratios) and of the orchestrator;
+# `python -m ddl.bench --orchestrator`: the orchestrator's figures alone (start-up, the 1,000-job plan), in a minute.
 bench: install
 	$(BIN)/python -m ddl.bench
 

@@ -3,7 +3,7 @@
 Every figure is a ratio to the baseline measured in the same process, the arms alternating
 round by round to cancel drift (thermal, other load). Writes reports/bench/bench.{json,md}.
 
-    python -m ddl.bench [--rounds 7] [--steps 3] [--quick] [--arms baseline,ddl_dv4,...] [--out DIR]
+    python -m ddl.bench [--rounds 7] [--steps 3] [--quick] [--arms baseline,ddl_dv4,...] [--orchestrator] [--out DIR]
 
 Memory on CPU is the activation memory autograd holds for backward (unique storages saved,
 parameters excluded: what grows with d_v); on CUDA, torch.cuda.max_memory_allocated over a step.
@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import platform
+import resource
 import signal
 import statistics
 import subprocess
@@ -42,9 +43,11 @@ ARMS = {"baseline": dict(residual="baseline"), **DDL_ARMS,
 CPU_SHAPE = dict(n_layer=4, n_head=4, d_model=256, max_seq_len=256, vocab_size=256)
 TARGETS = {"ddl_dv1": 1.05, "ddl_dv4": 1.25, "ddl_dv4_nh2": 1.25}
 MEMORY_TARGET = 1.5
-# Start-up, in seconds on a quiet 2-core machine: `ddl-run --help`, and the dry run of the paper's small sweep.
-HELP_GOAL_S, DRY_RUN_GOAL_S = 0.8, 1.5
+# Start-up, in seconds on a quiet 2-core machine: `ddl-run --help`, the dry run of the paper's small sweep, and
+# the plan of a 1,000-job seed study (its dry run).
+HELP_GOAL_S, DRY_RUN_GOAL_S, PLAN_GOAL_S = 0.8, 1.5, 15
 DRY_RUN = ["-m", "+sweep=paper_small", "hydra/launcher=slurm", "--dry-run"]
+PLAN_1000 = ["-m", "+variant=baseline,ddl_dv1,ddl_dv4,ddl_dv4_ec", "seed=range(0,250)", "model=micro", "--dry-run"]
 
 
 class Arm:
@@ -135,27 +138,36 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _wall(cmd: list[str], env: dict) -> float:
-    start = time.perf_counter()
+def _timed(cmd: list[str], env: dict) -> tuple[float, float]:
+    """(wall, CPU: user + sys) seconds of the command."""
+    def cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    start, cpu_start = time.perf_counter(), cpu()
     subprocess.run(cmd, env=env, capture_output=True, check=True)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, cpu() - cpu_start
 
 
 def start_up_costs(ddl_run: str, env: dict, runs: int) -> dict:
-    """`ddl-run --help` and the dry run of paper_small with the SLURM launcher, alternating, `runs` times each:
-    the median and every time of each, and the 1-minute load average before and after (the machine may be
-    shared). One dry run
-    first, untimed: the first on a machine indexes lm-eval's task names into the user's cache. The dry run
-    asks the store the environment names (MLFLOW_TRACKING_URI, else DDL_HOME's SQLite)."""
-    _wall([ddl_run, *DRY_RUN], env)
+    """`ddl-run --help`, the dry run of paper_small with the SLURM launcher and the 1,000-job plan (PLAN_1000),
+    alternating, `runs` times each: the median and every time of each (the plan's CPU times too), and the
+    1-minute load average before and after (the machine may be shared). One dry run first, untimed: the
+    first on a machine indexes lm-eval's task names into the user's cache. The dry runs ask the store the
+    environment names (MLFLOW_TRACKING_URI, else DDL_HOME's SQLite)."""
+    _timed([ddl_run, *DRY_RUN], env)
     load = [os.getloadavg()[0]]
-    times: dict[str, list[float]] = {"help": [], "dry_run": []}
+    commands = {"help": ["--help"], "dry_run": DRY_RUN, "plan_1000": PLAN_1000}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
     for _ in range(runs):
-        times["help"].append(_wall([ddl_run, "--help"], env))
-        times["dry_run"].append(_wall([ddl_run, *DRY_RUN], env))
+        for name, args in commands.items():
+            times[name].append(_timed([ddl_run, *args], env))
     load.append(os.getloadavg()[0])
-    return {"help_s": statistics.median(times["help"]), "dry_run_paper_small_s": statistics.median(times["dry_run"]),
-            "help_runs_s": times["help"], "dry_run_runs_s": times["dry_run"], "load_average": load,
+    walls = {f"{name}_runs_s": [wall for wall, _ in done] for name, done in times.items()}
+    return {"help_s": statistics.median(walls["help_runs_s"]),
+            "dry_run_paper_small_s": statistics.median(walls["dry_run_runs_s"]),
+            "plan_1000_s": statistics.median(walls["plan_1000_runs_s"]), **walls,
+            "plan_1000_cpu_runs_s": [cpu for _, cpu in times["plan_1000"]], "load_average": load,
             "store": env.get("MLFLOW_TRACKING_URI") or "DDL_HOME's SQLite"}
 
 
@@ -286,6 +298,19 @@ def start_up_row(name: str, times: list[float], goal_s: float) -> str:
             f"{'ok' if median < goal_s else 'MISSED'} |")
 
 
+def orchestrator_table(o: dict) -> list[str]:
+    """The orchestrator's figures against their goals, and how they were taken."""
+    return ["| orchestrator | seconds | target |", "|---|---|---|",
+            start_up_row("ddl-run --help", o["help_runs_s"], HELP_GOAL_S),
+            start_up_row("dry run of paper_small, hydra/launcher=slurm", o["dry_run_runs_s"], DRY_RUN_GOAL_S),
+            start_up_row("plan of 1,000 jobs (dry run: 4 rows x 250 seeds, micro)", o["plan_1000_runs_s"], PLAN_GOAL_S),
+            f"| smoke sweep to its first training step | {o.get('smoke_sweep_to_first_step_s', float('nan')):.2f} | |",
+            "", f"Start-up: the median of {len(o['help_runs_s'])} runs each (min-max), the dry runs asking "
+                f"{o['store']}; the plan's CPU time (user + sys) {statistics.median(o['plan_1000_cpu_runs_s']):.2f} s; "
+                f"1-minute load average {o['load_average'][0]:.2f} before, {o['load_average'][1]:.2f} after (the "
+                "targets are for a quiet machine)."]
+
+
 def markdown(result: dict) -> str:
     lines = [f"# ddl bench ({result['machine']['device']}, torch {result['machine']['torch']}, "
              f"{result['machine']['threads']} threads)", "",
@@ -296,15 +321,8 @@ def markdown(result: dict) -> str:
         if key in result:
             compiled = ", whole model torch.compile" if "compiled" in key else ""
             lines += ["", f"## {key}: the paper's small size, bf16{compiled}", ""] + model_table(result[key])
-    o, log = result["orchestrator"], result["logging"]
-    lines += ["", "| orchestrator | seconds | target |", "|---|---|---|",
-              start_up_row("ddl-run --help", o["help_runs_s"], HELP_GOAL_S),
-              start_up_row("dry run of paper_small, hydra/launcher=slurm", o["dry_run_runs_s"], DRY_RUN_GOAL_S),
-              f"| smoke sweep to its first training step | {o.get('smoke_sweep_to_first_step_s', float('nan')):.2f} "
-              "| |",
-              "", f"Start-up: the median of {len(o['help_runs_s'])} runs each (min-max), the dry run asking "
-                  f"{o['store']}; 1-minute load average {o['load_average'][0]:.2f} before, "
-                  f"{o['load_average'][1]:.2f} after (the targets are for a quiet machine).",
+    log = result["logging"]
+    lines += ["", *orchestrator_table(result["orchestrator"]),
               "", f"MLflow logging, {log['metrics_per_call']} metrics every step: the loop waits "
                   f"{log['loop_wait_ms']:.3f} ms "
                   f"a step = {100 * log['fraction_of_step']:.2f}% of a baseline step at the config above (target < 1%: "
@@ -322,7 +340,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="where bench.{json,md} go (default reports/bench)")
     parser.add_argument("--arms", default=",".join(ARMS), help="the model arms, comma-separated (default: all; "
                         "the baseline always runs: every figure is a ratio to it)")
+    parser.add_argument("--orchestrator", action="store_true",
+                        help="only the orchestrator's figures (start-up, the 1,000-job plan): orchestrator.{json,md}")
     args = parser.parse_args(argv)
+    out, runs = args.out or paths.reports_dir() / "bench", 2 if args.quick else 5
+    if args.orchestrator:
+        result = {"machine": {"device": cpu_name()}, "orchestrator": orchestrator_costs(runs)}
+        return _write(out, "orchestrator", result, "\n".join(
+            [f"# ddl bench: the orchestrator ({cpu_name()})", "", *orchestrator_table(result["orchestrator"]), ""]))
     names = ["baseline", *(name for name in args.arms.split(",") if name != "baseline")]
     unknown = [name for name in names if name not in ARMS]
     if unknown:
@@ -344,14 +369,18 @@ def main(argv: list[str] | None = None) -> int:
         for compile_ in (False, True):
             result[f"model_small_bf16{'_compiled' if compile_ else ''}"] = model_costs(device, small, 16, 1024, rounds,
                                                                                          steps, compile_, names)
-    result["orchestrator"] = orchestrator_costs(runs=2 if args.quick else 5)
+    result["orchestrator"] = orchestrator_costs(runs)
     result["logging"] = logging_cost(result["model"]["baseline"]["step_ms"] / 1e3)
-    out = args.out or paths.reports_dir() / "bench"
+    return _write(out, "bench", result, markdown(result))
+
+
+def _write(out: Path, name: str, result: dict, text: str) -> int:
+    """out/<name>.json and out/<name>.md, the markdown printed too."""
     out.mkdir(parents=True, exist_ok=True)
-    paths.write_atomic(out / "bench.json", json.dumps(result, indent=1))
-    paths.write_atomic(out / "bench.md", markdown(result))
-    print(markdown(result))
-    print(f"written: {out / 'bench.json'}, {out / 'bench.md'}")
+    paths.write_atomic(out / f"{name}.json", json.dumps(result, indent=1))
+    paths.write_atomic(out / f"{name}.md", text)
+    print(text)
+    print(f"written: {out / f'{name}.json'}, {out / f'{name}.md'}")
     return 0
 
 

@@ -33,10 +33,23 @@ def test_quick_bench_writes_every_arm_as_a_ratio_to_the_baseline(tmp_path, ddl_h
     for dv in (1, 4):                                                  # a second Delta step: its own maps
         assert rows[f"ddl_dv{dv}_nh2"]["params"] > rows[f"ddl_dv{dv}"]["params"]
     orchestrator = result["orchestrator"]
-    assert orchestrator["help_s"] > 0 and orchestrator["dry_run_paper_small_s"] > 0
+    assert orchestrator["help_s"] > 0 and orchestrator["dry_run_paper_small_s"] > 0 and orchestrator["plan_1000_s"] > 0
     assert orchestrator["smoke_sweep_to_first_step_s"] > 0
     assert 0 < result["logging"]["fraction_of_step"] < 1
     markdown = (out / "bench.md").read_text()
     assert markdown in done.stdout and "replaced by run" not in done.stdout   # each logging measure: its own run
     for name in ARMS:
         assert f"| {name} |" in markdown
+
+
+@pytest.mark.slow
+def test_the_orchestrator_alone_times_start_up_and_the_plan_of_1000_jobs(tmp_path, ddl_home):
+    out = tmp_path / "bench"
+    done = subprocess.run([sys.executable, "-m", "ddl.bench", "--orchestrator", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    orchestrator = json.loads((out / "orchestrator.json").read_text())["orchestrator"]
+    assert orchestrator["help_s"] > 0 and orchestrator["smoke_sweep_to_first_step_s"] > 0
+    assert orchestrator["plan_1000_s"] > 0 and len(orchestrator["plan_1000_cpu_runs_s"]) == 2   # --quick: 2 runs
+    markdown = (out / "orchestrator.md").read_text()
+    assert markdown in done.stdout and "| plan of 1,000 jobs" in markdown and not (out / "bench.json").exists()

@@ -21,15 +21,18 @@ from typing import Any, NamedTuple, Sequence
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra.errors import HydraException
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from .. import paths
 from ..text import plural
 from ..track.filesystems import warn_if_sqlite_on_network
 from ..train.signals import DeferredSignals
 from . import cluster, status
+from .compose import JobConfigs
 from .configs import ConfigError
 from .plan import Plan, make_plan
 from .spec import Job
@@ -62,10 +65,9 @@ class SweepLauncher(BaseSubmititLauncher):
 
     # -- planning ---------------------------------------------------------------------------
     def plan(self, job_overrides: Sequence[Sequence[str]]) -> Plan:
-        """Hydra composes each override set; the plan itself is ddl.launch.plan's."""
-        loader = self.hydra_context.config_loader
-        return make_plan((list(filter_overrides(overrides)), loader.load_sweep_config(self.config, list(overrides)))
-                         for overrides in job_overrides)
+        """Each override set's config as Hydra composes it (ddl.launch.compose); the plan is ddl.launch.plan's."""
+        configs = JobConfigs(self.hydra_context.config_loader, self.config)
+        return make_plan((list(filter_overrides(overrides)), configs(list(overrides))) for overrides in job_overrides)
 
     # -- submission -------------------------------------------------------------------------
     def executor(self):
@@ -157,10 +159,11 @@ class SweepLauncher(BaseSubmititLauncher):
     @contextlib.contextmanager
     def refusal_leaves_nothing(self):
         """A refused sweep leaves nothing, as a refused run does: the multirun.yaml Hydra's sweeper wrote
-        before the launcher's checks goes, with each folder of DDL_HOME it leaves empty."""
+        before the launcher's checks (ddl's, or Hydra's of a job's overrides) goes, with each folder of
+        DDL_HOME it leaves empty."""
         try:
             yield
-        except ConfigError:
+        except (ConfigError, HydraException, OmegaConfBaseException):
             folder = Path(str(self.config.hydra.sweep.dir))
             (folder / "multirun.yaml").unlink(missing_ok=True)
             paths.prune(folder)
