@@ -327,7 +327,8 @@ def test_every_field_of_the_config_dataclasses_is_a_key_of_its_group():
         fields = {f.name for f in dataclasses.fields(source)}
         assert {k.split(".")[1] for k in keys if k.startswith(f"{group}.")} == fields
     model_keys = [k.split(".")[-1] for k in keys if k.startswith(("model.", "ddl.")) or k in AXES]
-    assert sorted(model_keys) == sorted({f.name for f in dataclasses.fields(ModelConfig)} - {"vocab_size"} | {"size"})
+    assert sorted(model_keys) == sorted({f.name for f in dataclasses.fields(ModelConfig)} - {"vocab_size"} |
+                                        {"size", "head_size"})   # model_config's arguments
     cfg = _compose(["model.rope_base=500", "ddl.beta_hidden=64", "train.beta2=0.99", "eval.limit=3"])
     assert (cfg.model.rope_base, cfg.ddl.beta_hidden, cfg.train.beta2, cfg.eval.limit) == (500.0, 64, 0.99, 3)
     assert cfg.model.init_std == ModelConfig().init_std and cfg.model.n_layer is None   # null: the size's value

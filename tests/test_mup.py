@@ -106,3 +106,9 @@ def test_the_report_keeps_sp_and_mup_runs_apart_and_names_the_base_width():
                          "params.model.mup_base_width": [None, None, "64", "64"]})
     assert list(variant_rows(runs)) == ["ddl_dv4 model.param=sp"] * 2 + \
         ["ddl_dv4 model.param=mup model.mup_base_width=64"] * 2
+
+
+def test_head_size_keeps_heads_of_a_fixed_size_as_width_grows():
+    assert [model_config("micro", d_model=w, head_size=32).n_head for w in (64, 128, 256)] == [2, 4, 8]
+    with pytest.raises(ValueError, match=r"^head_size=48: must divide d_model=64$"):
+        model_config("micro", head_size=48)
