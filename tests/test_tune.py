@@ -70,6 +70,7 @@ def test_the_sequential_rule_keeps_its_error_rate_and_resolves_real_gaps():
     ("dv=interval(0.5, 4.5)", "dv="),
     ("train.lr=interval(-1e-3, 1e-3)", "train.lr=-0.001"),
     ("tune.trials=0", "tune.trials=0: must be an integer >= 1"),
+    ("tune.search_size=tiny", "tune.search_size=tiny: must be null or one of the sweep's sizes: micro"),
 ])
 def test_bad_search_input_is_one_line_and_creates_nothing(ddl_home, override, says):
     search = "train.lr=interval(1e-4, 1e-2)" if override.startswith("tune.") else override
@@ -88,6 +89,52 @@ def test_a_dry_run_of_a_search_prints_its_plan_and_launches_nothing(ddl_home):
     assert out.stdout.count("tag(log, interval(0.0003, 0.03))") == 2 and "auto: 3, 5, 7" in out.stdout
     assert "at most 28 jobs" in out.stdout and "core-min" in out.stdout      # 2 rows x (8 trials + 6 seeds)
     assert not ddl_home.exists()
+
+
+CARRIED = ["residual=ddl,baseline", "dv=4", "model=micro,tiny", "train.lr=tag(log, interval(3e-4, 3e-2))",
+           "train=smoke", "train.steps=10", "tune.trials=2", "tune.seeds=2", "tune.search_size=micro",
+           "experiment=carried"]
+
+
+def test_a_dry_run_shows_which_rows_are_searched_and_which_carried(ddl_home):
+    out = run_cli("ddl-run", "-m", *CARRIED, "--dry-run")
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = " ".join(out.stdout.split())
+    assert out.stdout.count("carried from micro") == 2 and "2 rows searched at micro, 2 carried from there" in text
+    assert "at most 10 jobs" in text         # micro: 2 rows x (2 trials + 1 seed); tiny: 2 rows x 2 seeds
+    assert not ddl_home.exists()
+
+
+@pytest.fixture(scope="module")
+def carried(module_ddl_home):
+    """A search at micro carried to tiny, then the same command again."""
+    first = run_cli("ddl-run", "-m", *CARRIED)
+    return first, run_cli("ddl-run", "-m", *CARRIED), module_ddl_home
+
+
+@pytest.mark.slow
+def test_a_search_at_one_size_carries_its_best_to_the_others_and_trains_nothing_twice(carried):
+    first, again, _ = carried
+    assert first.returncode == 0, first.stderr[-3000:]
+    runs = mlflow_runs("carried")
+    trials = [r for r in runs if r.data.tags.get("ddl.role") == "trial"]
+    assert len(trials) == 4 and {r.data.params["model.size"] for r in trials} == {"micro"}
+    parents = {r.data.tags["ddl.search"]: r for r in runs if r.data.tags.get("ddl.role") == "search"}
+    carriers = [p for p in parents.values() if p.data.tags.get("ddl.carried_from") == "micro"]
+    assert len(parents) == 4 and len(carriers) == 2
+    for parent in carriers:                  # its runs: the micro row's best at seeds 0 and 1, children of it
+        source = parents[parent.data.tags["ddl.source_search"]]
+        best = json.loads(source.data.tags["ddl.best_values"])
+        own = [r for r in runs if r.data.tags.get("ddl.search") == parent.data.tags["ddl.search"] and r is not parent]
+        assert sorted(r.data.params["seed"] for r in own) == ["0", "1"]
+        assert {r.data.params["model.size"] for r in own} == {"tiny"}
+        assert {r.data.params["model.row"] for r in own} == {source.data.tags["ddl.row"].split("-")[0]}
+        assert all(float(r.data.params["train.lr"]) == best["train.lr"] and r.data.tags["ddl.role"] == "confirm"
+                   and r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in own)
+    confirmed = [r for r in runs if r.data.tags.get("ddl.role") == "confirm" and r.data.params["model.size"] == "micro"]
+    assert sorted(r.data.params["seed"] for r in confirmed) == ["1", "1"]
+    assert again.returncode == 0 and "search round" not in again.stdout, again.stdout[-3000:]
+    assert "0 finished, 6 skipped" in again.stdout and len(mlflow_runs("carried")) == len(runs)
 
 
 def _trials(experiment: str) -> list:

@@ -182,25 +182,32 @@ def job_table(jobs, gpus: int, slots: int, threads: int) -> _Printable:
 
 # -- a search (ddl.launch.tuning) -------------------------------------------------------------------
 def search_plan_table(rows, tuning, launcher) -> _Printable:
-    """A search's dry run: per row its space, trials and seeds, and its cost at most (every trial trained to
-    its end, every seed of the plan run); pruning and seeds that resolve early only lower it."""
+    """A search's dry run: per row its space, trials (or the size it is carried from) and seeds, and its cost at
+    most (every trial trained to its end, every seed of the plan run); pruning and seeds that resolve early only
+    lower it."""
     gpus, cpus = launcher.params.get("gpus_per_node") or 0, launcher.params.get("cpus_per_task") or 1
     slots = launcher.bound(len(rows) * tuning.trials)
-    runs = tuning.trials + tuning.seed_plan[-1] - 1
+    runs = [tuning.seed_plan[-1] + (0 if row.source else tuning.trials - 1) for row in rows]
     costs = [job_cost(row.job, gpus) for row in rows]
-    cpu = [c.cpu_seconds * runs for c in costs if c.cpu_seconds is not None]
-    gpu = sum(c.gpu_hours * runs for c in costs if c.cpu_seconds is None)
+    cpu = [c.cpu_seconds * n for c, n in zip(costs, runs, strict=True) if c.cpu_seconds is not None]
+    gpu = sum(c.gpu_hours * n for c, n in zip(costs, runs, strict=True) if c.cpu_seconds is None)
     columns = [Column("row"), Column("search"), Column("searched", 3), Column("trials", right=True),
                Column("seeds", 2, True), Column("runs at most", 1, True), Column("cost at most", 4, True)]
     seeds = "auto: " + ", ".join(map(str, tuning.seed_plan)) if tuning.seeds == "auto" else tuning.seeds
-    table_rows = [[row.name, row.search, " ".join(d.spec() for d in row.space), str(tuning.trials), seeds, str(runs),
-                   f"{c.gpu_hours * runs:.3g} GPU-h" if c.cpu_seconds is None else
-                   f"{_minutes(c.cpu_seconds * runs)} core-min"] for row, c in zip(rows, costs, strict=True)]
+    table_rows = [[row.name, row.search, " ".join(d.spec() for d in row.space),
+                   f"carried from {row.source.size}" if row.source else str(tuning.trials), seeds, str(n),
+                   f"{_minutes(c.cpu_seconds * n)} core-min" if c.cpu_seconds is not None else
+                   f"{c.gpu_hours * n:.3g} GPU-h"] for row, c, n in zip(rows, costs, runs, strict=True)]
     wall = f", about {_minutes(wall_seconds(cpu, slots, cpus))} min wall on {plural(slots, 'slot')}" if cpu else ""
-    caption = (f"{plural(len(rows), 'row')}; at most {plural(len(rows) * runs, 'job')}: "
-               f"{_minutes(sum(cpu))} core-min{wall}" + (f", {gpu:.3g} GPU-h" if gpu else "") +
-               f". Trials {tuning.parallel or slots} at a time per row, pruner {tuning.pruner}; the confirmation "
-               f"pairs each row's best with the tuned baseline (alpha {tuning.alpha}).")
+    carried = sum(row.source is not None for row in rows)
+    searched = (f"{plural(len(rows) - carried, 'row')} searched at {tuning.search_size}, {carried} carried from there "
+                f"(its row's best values, at seeds 0 up: no trials of their own)" if tuning.search_size
+                else plural(len(rows), 'row'))
+    at_once = min(tuning.parallel or launcher.bound(len(rows) - carried), tuning.trials)
+    caption = (f"{searched}; at most {plural(sum(runs), 'job')}: " +
+               ", ".join(filter(None, [cpu and f"{_minutes(sum(cpu))} core-min{wall}", gpu and f"{gpu:.3g} GPU-h"])) +
+               f". Trials {at_once} at a time per row, pruner {tuning.pruner}; the confirmation pairs each row's best "
+               f"with the tuned baseline of its size (alpha {tuning.alpha}).")
     return _Printable(fitted("ddl-run: planned search (dry run, nothing launched)", columns, table_rows, caption))
 
 
@@ -220,6 +227,7 @@ def search_result_table(rows, looks: dict, baseline_of) -> _Printable:
             gap += f" [{100 * diff.low / abs(diff.reference):+.1f}, {100 * diff.high / abs(diff.reference):+.1f}]"
         verdict = diff.verdict(False) if diff else ("(the baseline)" if base is None else "")
         values = " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.best.items())
+        values += f" (carried from {row.source.size})" if row.source else ""
         table_rows.append([row.name, values, f"{mean:.4f}", str(len(losses)), gap, verdict, row.search])
     caption = ("Intervals: paired by seed, at the confidence of the look that ended the row "
                "(ddl.tune.sequential); ddl-report draws the sensitivity curves.")

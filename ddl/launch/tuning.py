@@ -8,7 +8,9 @@ a child of the row's parent run. A re-launch rebuilds every search from the stor
 twice, and a second home on the same server continues the same searches. When every row has its trials,
 each row's best settings run at more seeds (seed 0 is the trial that found them), paired with the tuned
 baseline of the same size; `tune.seeds=auto` adds seeds a batch at a time until the row's gap resolves
-under the alpha-spending rule of ddl.tune.sequential, or the maximum is reached.
+under the alpha-spending rule of ddl.tune.sequential, or the maximum is reached. With `tune.search_size`, only
+that size's rows are searched: every row of another size is carried, its row's best values there run at its
+confirmation's seeds (0 up: it has no trial), as a search of its own (an id, a parent run) with no trials.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ..text import plural
 from ..tune.config import TuneConfig
 from ..tune.space import Dimension
 from .configs import ConfigError
-from .spec import Job, size_name
+from .spec import Job, row_name, size_name
 
 WAIT_FOR_OTHERS_S = 30      # a round with nothing to launch while another home's trials run polls this often
 
@@ -31,19 +33,35 @@ WAIT_FOR_OTHERS_S = 30      # a round with nothing to launch while another home'
 class RowSearch:
     job: Job                             # the row, its searched keys at their defaults
     space: list[Dimension]
-    search: str = ""                     # the search's id: the row's signature and the space
+    source: RowSearch | None = None      # a carried row: its row at tune.search_size, whose best it runs
+    search: str = ""                     # the search's id: the row's signature and the space (and its source's)
     parent: str = ""                     # its parent MLflow run
     best: dict = field(default_factory=dict)       # the best trial's values
     best_loss: float | None = None
     seeds: dict = field(default_factory=dict)      # seed -> final val/loss at the best values
 
     def __post_init__(self) -> None:
-        spec = json.dumps([self.job.signature, [d.spec() for d in self.space], self.job.tuning.sampler_seed])
+        spec = json.dumps([self.job.signature, [d.spec() for d in self.space], self.job.tuning.sampler_seed,
+                           *([self.source.search] if self.source else [])])
         self.search = hashlib.sha256(spec.encode()).hexdigest()[:10]
 
     @property
     def name(self) -> str:
         return self.job.name.replace(f"-s{self.job.run.seed}", "")
+
+    @property
+    def size(self) -> str:
+        return size_name(self.job.run.model)
+
+    def parent_tags(self) -> dict:
+        carried = {"ddl.carried_from": self.source.size, "ddl.source_search": self.source.search} if self.source else {}
+        return {"ddl.row": self.name, "ddl.space": " ".join(d.spec() for d in self.space), **carried}
+
+    def confirm_seeds(self, n: int) -> range:
+        """The seeds its confirmation runs for a look at n seeds: all n for a carried row, else all but the
+        first, the trial that found the best."""
+        first = self.job.run.seed
+        return range(first + (self.source is None), first + n)
 
     def overrides(self, values: dict, role: str, number: int = -1, seed: int | None = None) -> list[str]:
         """A trial's or confirmation run's overrides: the row's, the searched values, and its identity."""
@@ -65,9 +83,9 @@ def run(launcher, row_overrides: list[list[str]], space: list[Dimension]) -> lis
     from ..track import searches
     launcher.prepare_store({row.job.experiment for row in rows})
     for row in rows:
-        row.parent = searches.parent_run(row.job.experiment, row.search, f"search {row.name}",
-                                         {"ddl.row": row.name, "ddl.space": " ".join(d.spec() for d in row.space)})
-    index = _search(launcher, rows, tuning)
+        row.parent = searches.parent_run(row.job.experiment, row.search,
+                                         f"{'carried' if row.source else 'search'} {row.name}", row.parent_tags())
+    index = _search(launcher, [row for row in rows if row.source is None], tuning)
     _confirm(launcher, rows, tuning, index)
     return []
 
@@ -83,7 +101,28 @@ def plan_rows(launcher, row_overrides: list[list[str]], space: list[Dimension]) 
     settings = {job.tuning for job in plan.jobs}
     if len(settings) > 1:
         raise ConfigError("tune.*: one setting for the whole sweep; a list of tune values is not a sweep axis")
-    return [RowSearch(job, space) for job in plan.jobs]
+    return _carried(plan.jobs, space, settings.pop().search_size)
+
+
+def _carried(jobs: list[Job], space: list[Dimension], size: str | None) -> list[RowSearch]:
+    """The rows; with tune.search_size, a row of another size is carried from the row of that size with its
+    row name, seed and label."""
+    if size is None:
+        return [RowSearch(job, space) for job in jobs]
+    sizes = list(dict.fromkeys(size_name(job.run.model) for job in jobs))
+    if size not in sizes:
+        raise ConfigError(f"tune.search_size={size}: must be null or one of the sweep's sizes: {', '.join(sizes)}")
+
+    def key(job: Job) -> tuple:
+        return row_name(job.run.model), job.run.seed, job.label
+    searched = {key(job): RowSearch(job, space) for job in jobs if size_name(job.run.model) == size}
+    rows = []
+    for job in jobs:
+        if key(job) not in searched:
+            raise ConfigError(f"tune.search_size={size}: {job.name} has no row at {size} to carry its best from")
+        source = searched[key(job)]
+        rows.append(source if source.job is job else RowSearch(job, space, source))
+    return rows
 
 
 def _search(launcher, rows: list[RowSearch], tuning: TuneConfig) -> int:
@@ -128,7 +167,11 @@ def _search(launcher, rows: list[RowSearch], tuning: TuneConfig) -> int:
 
 
 def _best(row: RowSearch) -> None:
+    """The best trial's values (a carried row: its source's, found first), recorded on the parent run."""
     from ..track import searches
+    if row.source is not None:
+        row.best = row.source.best
+        return
     trials = [t for t in searches.runs_of(row.job.experiment, row.search) if t.role == "trial"]
     complete = [t for t in trials if t.state == "complete"]
     if not complete:
@@ -175,15 +218,15 @@ def _confirm(launcher, rows: list[RowSearch], tuning: TuneConfig, index: int) ->
     from ..tune.sequential import look
     from .launcher import SweepFailed
     from .table import search_result_table
-    for row in rows:
+    for row in sorted(rows, key=lambda r: r.source is not None):
         _best(row)
     plan, open_rows = tuning.seed_plan, list(rows)
     looks = {}
     for n in plan:
         wanted = {id(r): r for r in open_rows}
         wanted.update({id(b): b for b in (baseline_of(r, rows) for r in open_rows) if b is not None})
-        batch = [row.overrides(row.best, "confirm", seed=row.job.run.seed + s)
-                 for row in wanted.values() for s in range(1, n)]
+        batch = [row.overrides(row.best, "confirm", seed=seed) for row in wanted.values()
+                 for seed in row.confirm_seeds(n)]
         if batch:
             print(f"ddl-run: confirmation at {plural(n, 'seed')}: {plural(len(batch), 'run')}", flush=True)
             try:

@@ -1,6 +1,7 @@
 """A sweep's search settings (`tune.*`), checked before anything runs. Pure Python: no optuna here.
 
-The user sets `trials`, `seeds`, `max_seeds`, `parallel`, `pruner`, `prune_warmup`, `sampler_seed`, `alpha`;
+The user sets `trials`, `seeds`, `max_seeds`, `parallel`, `pruner`, `prune_warmup`, `sampler_seed`, `alpha`,
+`search_size`;
 the search driver sets `keys`, `search`, `trial`, `parent` and `role` on the jobs it launches, which is how a job
 knows it is a trial (its MLflow tags, its pruning). None of it enters a run's signature.
 """
@@ -26,6 +27,7 @@ class TuneConfig:
     prune_warmup: float = 0.5       # no pruning before this fraction of the trial's steps (a low lr starts slow)
     sampler_seed: int = 0           # TPE's seed: the same history asks the same next trials
     alpha: float = 0.05             # the confirmation's error rate (two-sided), over all its looks
+    search_size: str | None = None  # search only the rows of this size; the others run their row's best found there
     keys: tuple[str, ...] = ()      # set by the driver on its jobs: the searched keys
     search: str = ""                # ... the row's search id
     trial: int = -1                 # ... the trial's number in it
@@ -49,6 +51,8 @@ class TuneConfig:
             _fail("prune_warmup", self.prune_warmup, "must be a number in [0, 1)")
         if not is_number(self.alpha) or not 0 < self.alpha < 1:
             _fail("alpha", self.alpha, "must be a number in (0, 1)")
+        if self.search_size is not None and not (isinstance(self.search_size, str) and self.search_size):
+            _fail("search_size", self.search_size, "must be null or one of the sweep's sizes")
         if self.role not in ROLES:
             _fail("role", self.role, f"must be one of {', '.join(r or repr(r) for r in ROLES)}")
 
