@@ -116,3 +116,25 @@ def test_runs_of_older_code_defaults_are_never_averaged_with_todays():
     rows = variant_rows(runs)
     assert rows[0] == rows[1] == "ddl_dv4 model.init=reference"
     assert rows[2] == "ddl_dv4 model.init=(not logged)"
+
+
+def test_a_row_of_a_search_pairs_with_its_tuned_baseline_and_other_rows_pair_as_before():
+    """Each row at its own learning rate (a carried size): the rows of a search pair ignoring the searched key;
+    plain runs at those rates do not pair; a search's trials still pair only at a rate both tried."""
+    import json
+
+    import pandas as pd
+    from ddl.report.tables import baseline_rows
+
+    def frame(rows: dict[str, float], searched: bool) -> pd.DataFrame:
+        return pd.DataFrame({"row": list(rows), "params.data.source": "python_source",
+                             "params.train.lr": [str(lr) for lr in rows.values()],
+                             "tags.ddl.trial_values": [json.dumps({"train.lr": lr}) if searched else None
+                                                       for lr in rows.values()]})
+    at_own_best = {"ddl_dv4": 4e-3, "baseline": 1e-3}
+    assert baseline_rows(frame(at_own_best, searched=True)) == {"ddl_dv4": "baseline"}
+    assert baseline_rows(frame(at_own_best, searched=False)) == {}
+    trials = {"ddl_dv4 train.lr=0.001": 1e-3, "ddl_dv4 train.lr=0.004": 4e-3, "ddl_dv1 train.lr=0.002": 2e-3,
+              "baseline train.lr=0.001": 1e-3, "baseline train.lr=0.004": 4e-3}
+    assert baseline_rows(frame(trials, searched=True)) == {"ddl_dv4 train.lr=0.001": "baseline train.lr=0.001",
+                                                           "ddl_dv4 train.lr=0.004": "baseline train.lr=0.004"}

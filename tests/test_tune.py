@@ -4,6 +4,7 @@ it trains no trial twice, a pruned trial is marked and not a failure, and the re
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -135,6 +136,22 @@ def test_a_search_at_one_size_carries_its_best_to_the_others_and_trains_nothing_
     assert sorted(r.data.params["seed"] for r in confirmed) == ["1", "1"]
     assert again.returncode == 0 and "search round" not in again.stdout, again.stdout[-3000:]
     assert "0 finished, 6 skipped" in again.stdout and len(mlflow_runs("carried")) == len(runs)
+
+
+@pytest.mark.slow
+def test_the_report_reads_a_carried_study_per_size_and_across_sizes(carried, tmp_path):
+    out = run_cli("ddl-report", "--experiment", "carried", "--out", str(tmp_path),
+                  env_extra={"DDL_HOME": str(carried[-1])})
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = tmp_path / "carried"
+    tuned = (report / "tuned.md").read_text()
+    assert "| Model | Tiny valid loss | Micro valid loss |" in tuned and "| DDL (d_v=4) | " in tuned
+    assert "DDL (d_v=4) at tiny: carried from micro train.lr=" in tuned and "at micro: best train.lr=" in tuned
+    with open(report / "scaling.csv") as f:          # each row at its own best, paired with its tuned baseline
+        points = [r for r in csv.DictReader(f) if r["kind"] == "point"]
+    assert [(p["row"], p["size"], p["seeds"]) for p in points] == [("ddl_dv4", "micro", "2"), ("ddl_dv4", "tiny", "2")]
+    assert "carried to the other sizes" in (report / "scaling.md").read_text()
+    assert (report / "sensitivity_micro.png").exists() and not (report / "sensitivity_tiny.png").exists()
 
 
 def _trials(experiment: str) -> list:

@@ -24,7 +24,7 @@ from .figures import layer_diagnostics, loss_curves, lr_transfer, sensitivity
 from .scaling import CrossSize, cross_size
 from .scaling_figures import gap_figure, loss_figure
 from .tables import Table, accuracy_table, deltaproduct_table, evaluated, loss_table, variant_rows
-from .tuning import tuned_table
+from .tuning import best_runs, tuned_note, tuned_table
 
 SIZE_ORDER = ["small", "medium", "large", "mini", "tiny", "micro"]
 
@@ -53,8 +53,9 @@ def build(experiment: str, runs: pd.DataFrame, histories: pd.DataFrame, out_root
           searches: pd.DataFrame | None = None) -> Report:
     runs = runs.assign(row=variant_rows(runs))
     sizes, unit = _sizes(runs), _unit(runs)
+    searches = pd.DataFrame() if searches is None else searches
     tables = [loss_table(runs, sizes, unit)]
-    tables += [t for t in [tuned_table(runs, pd.DataFrame() if searches is None else searches, unit)] if t is not None]
+    tables += [t for t in [tuned_table(runs, searches, sizes, unit)] if t is not None]
     tables += [t for t in [deltaproduct_table(runs, sizes, unit)] if t is not None]
     for shots, tasks in evaluated(runs):
         tables += [accuracy_table(runs, size, shots, tasks) for size in sizes]
@@ -67,7 +68,7 @@ def build(experiment: str, runs: pd.DataFrame, histories: pd.DataFrame, out_root
             sensitivity(runs, size, unit, staging)
         figures += [f for f in drawn if f.endswith(".png")]
     figures += [f for f in lr_transfer(runs, unit, staging) if f.endswith(".png")]
-    view = cross_size(runs, tables[0], sizes, unit)
+    view = _view(runs, searches, tables, sizes, unit)
     across = _across_sizes(view, staging)
     for table in tables:
         (staging / f"{table.name}.md").write_text(render.markdown(table))
@@ -89,6 +90,16 @@ def build(experiment: str, runs: pd.DataFrame, histories: pd.DataFrame, out_root
     else:
         os.replace(staging, final)
     return Report(experiment, final, tables, runs, unit, view)
+
+
+def _view(runs: pd.DataFrame, searches: pd.DataFrame, tables: list[Table], sizes: list[str], unit: str):
+    """The view across sizes: of the loss table; where a search ran, of each row at its own best (a search's runs
+    at its best values, every row paired with its tuned baseline)."""
+    if not any(t.name == "tuned" for t in tables):
+        return cross_size(runs, tables[0], sizes, unit)
+    best = best_runs(runs, searches)
+    best = best.assign(row=variant_rows(best))
+    return cross_size(best, loss_table(best, sizes, unit), sizes, unit, tuned_note(searches))
 
 
 def _across_sizes(view: CrossSize | None, staging: Path) -> str:

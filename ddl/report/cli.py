@@ -70,8 +70,9 @@ def _print_summary(console, experiment: str, report) -> None:
     for mark, text in loss.marks().items():
         console.print(f"{mark} {text}")
     for tuned in (t for t in report.tables if t.name == "tuned"):     # a search's rows, each at its own best
-        for heading, headers, table_rows in compared(tuned):
-            console.print(_table(heading, headers, table_rows, caption=tuned.note))
+        per_size = list(compared(tuned))
+        for i, (heading, headers, table_rows) in enumerate(per_size):
+            console.print(_table(heading, headers, table_rows, caption=tuned.note if i == len(per_size) - 1 else None))
     if report.across is not None:
         for title, headers, table_rows, note in sections(report.across)[::2]:   # the gaps, measured and fitted
             console.print(_table(title, headers, table_rows, caption=note))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .tables import row_label
+from .tables import row_label, trial_values
 
 
 def pyplot():
@@ -98,9 +98,10 @@ def layer_diagnostics(runs: pd.DataFrame, size: str, out_dir: Path) -> list[str]
 
 
 def _searched_keys(runs: pd.DataFrame) -> list[str]:
-    """The keys a search varied, and train.lr where a row's finished runs differ in it (a plain list)."""
-    from .tuning import trial_values
-    keys = list(dict.fromkeys(k for values in trial_values(runs) for k in values))
+    """The keys a search's trials varied (a size whose rows were carried from another has none), and train.lr
+    where a row's finished runs differ in it (a plain list)."""
+    trials = runs[runs.get("tags.ddl.role", pd.Series(index=runs.index, dtype=object)) == "trial"]
+    keys = list(dict.fromkeys(k for values in trial_values(trials) for k in values))
     if "params.train.lr" in runs and "train.lr" not in keys and \
             runs[runs["status"] == "FINISHED"].groupby("params.model.row")["params.train.lr"].nunique().gt(1).any():
         keys.append("train.lr")
@@ -109,7 +110,6 @@ def _searched_keys(runs: pd.DataFrame) -> list[str]:
 
 def _x(runs: pd.DataFrame, key: str) -> pd.Series:
     """Each run's value of `key`: its searched value, else its param (a plain sweep's list)."""
-    from .tuning import trial_values
     params = runs.get(f"params.{key}", runs.get(f"params.model.{key}", pd.Series(index=runs.index, dtype=object)))
     values = [v.get(key, p) for v, p in zip(trial_values(runs), params, strict=True)]
     return pd.to_numeric(pd.Series(values, index=runs.index), errors="coerce")

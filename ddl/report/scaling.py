@@ -97,6 +97,7 @@ class CrossSize:
     gaps: list[Gap]
     unit: str
     losses: dict[str, list[tuple[float, float]]]   # row -> (N, final validation loss) per seed and size
+    note: str = ""                    # which runs it pairs, where not every run (a search's: each row at its best)
 
 
 def non_embedding(runs: pd.DataFrame) -> pd.Series:
@@ -111,8 +112,9 @@ def _first(runs: pd.DataFrame, column: str) -> float | None:
     return float(values.iloc[0]) if len(values) else None
 
 
-def cross_size(runs: pd.DataFrame, loss: Table, sizes: list[str], unit: str) -> CrossSize | None:
-    """The view across sizes from the loss table (table3); None unless two sizes have a finished loss."""
+def cross_size(runs: pd.DataFrame, loss: Table, sizes: list[str], unit: str, note: str = "") -> CrossSize | None:
+    """The view across sizes from a loss table (table3's, or one of each row at its own best: `note` says so);
+    None unless two sizes have a finished loss."""
     measured = [s for s in sizes if any(loss.cells[r, f"{s}/val_loss"].mean is not None for r in loss.rows)]
     if len(measured) < 2:
         return None
@@ -129,7 +131,7 @@ def cross_size(runs: pd.DataFrame, loss: Table, sizes: list[str], unit: str) -> 
     fits = [f for row, points_of_row in by_row.items() if (f := fit_power_law(row, points_of_row)) is not None]
     gaps = [g for row in rows for size in PAPER_SIZES
             if (g := extrapolate_gap(row, size, [(n, v) for r, n, v in ratios if r == row])) is not None]
-    return CrossSize(measured, points + paper, fits, gaps, unit, by_row)
+    return CrossSize(measured, points + paper, fits, gaps, unit, by_row, note)
 
 
 def _of_size(runs: pd.DataFrame, loss: Table, size: str, points: list, losses: list, ratios: list) -> None:
@@ -255,10 +257,10 @@ def sections(view: CrossSize) -> list[tuple[str, list[str], list[list[str]], str
         (f"Across sizes ({sizes}): final validation loss against the baseline, paired by seed",
          ["Model", "size", "N", "seeds", f"Δ % vs baseline [{CONFIDENCE:.0%} CI]", "verdict",
           "params vs baseline", "6N FLOPs/token", "tokens"], gap_rows,
-         "N: non-embedding parameters. Δ %: the mean paired difference over the baseline's mean loss, its interval "
-         "the paired t interval's (none with one seed). Params and 6N FLOPs per token: the row's, against the "
-         f"baseline's of its size (the Delta state's own ops are not in 6N; `make bench` times them). {len(ours)} "
-         "points of ours; the paper's (its Table 3, one run each) marked (paper)."),
+         ("N: non-embedding parameters. Δ %: the mean paired difference over the baseline's mean loss, its interval "
+          "the paired t interval's (none with one seed). Params and 6N FLOPs per token: the row's, against the "
+          f"baseline's of its size (the Delta state's own ops are not in 6N; `make bench` times them). {len(ours)} "
+          f"points of ours; the paper's (its Table 3, one run each) marked (paper). {view.note}").rstrip()),
         (f"Power law per row: final validation loss ({view.unit}) against N",
          ["Model", "form", "a", f"alpha [{CONFIDENCE:.0%} CI]", "c", "sizes", "points"], fit_rows,
          f"Least squares over every seed's loss. {SATURATING} where four sizes or more support three parameters "

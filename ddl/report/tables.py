@@ -4,6 +4,7 @@ paper's own relative difference beside ours, and explicit markers where a run is
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -109,6 +110,16 @@ def row_label(row: str) -> str:
     return " ".join(filter(None, (PAPER_ROWS.get(family, family), n_h > 1 and f"n_h={n_h}", settings)))
 
 
+SEARCHED = "tags.ddl.trial_values"
+
+
+def trial_values(runs: pd.DataFrame) -> pd.Series:
+    """Each run's searched values ({} for a run of no search)."""
+    if SEARCHED not in runs:
+        return pd.Series([{}] * len(runs), index=runs.index)
+    return runs[SEARCHED].map(lambda text: json.loads(text) if isinstance(text, str) and text else {})
+
+
 NOT_SETTINGS = {"params.seed", "params.model.size", "params.model.row"}
 NOT_LOGGED = "(not logged)"   # a setting the run's code did not have yet: it ran that code's default
 APPLIES_UNDER = {"params.model.mup_base_width": ("params.model.param", "mup")}   # left out of other runs' rows
@@ -210,9 +221,16 @@ def _paper_relative(paper: pd.DataFrame, row: str) -> dict[str, float]:
 
 def baseline_rows(runs: pd.DataFrame) -> dict[str, str]:
     """Each non-baseline row's baseline row among `runs` (one size): the baseline trained on the
-    same data, with the same schedule and backbone. Rows with no such baseline, or several, have none."""
+    same data, with the same schedule and backbone. Rows with no such baseline, or several, have none;
+    but a row of a search with none there (each row at its own best, as a carried row is) pairs with the
+    one baseline that differs from it only in the searched keys. Runs of no search pair as ever."""
     shared = [c for c in runs.columns if c.startswith(("params.data.", "params.train.")) or c in BACKBONE]
+    searched = {f"params.{key}" for values in trial_values(runs) for key in values}
+    return {**_pairs(runs, [c for c in shared if c not in searched]), **_pairs(runs, shared)}
 
+
+def _pairs(runs: pd.DataFrame, shared: list[str]) -> dict[str, str]:
+    """Each non-baseline row's one baseline row of the same values in the columns `shared`."""
     def setting(group: pd.DataFrame) -> tuple:
         return tuple(None if pd.isna(v) else str(v) for v in group[shared].iloc[0])
 
@@ -261,7 +279,8 @@ def loss_table(runs: pd.DataFrame, sizes: list[str], unit: str) -> Table:
     if runs.get("params.train.lr", pd.Series(dtype=str)).nunique() > 1:
         table.note += (" Rows differ in train.lr: each is paired with the baseline at the same train.lr, a gap at a "
                        "shared learning rate, not at each row's own best (the sensitivity figure; a search's tuned "
-                       "table).")
+                       "table); a row of a search with none there (a carried row) with its tuned baseline, each at "
+                       "its own best.")
     table.rank()
     return table
 

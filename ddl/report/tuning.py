@@ -11,16 +11,7 @@ import json
 import pandas as pd
 
 from ..stats import CONFIDENCE, paired
-from .tables import BASELINE, Column, Table, _cell, row_label
-
-SEARCHED = "tags.ddl.trial_values"
-
-
-def trial_values(runs: pd.DataFrame) -> pd.Series:
-    """Each run's searched values ({} for a run of no search)."""
-    if SEARCHED not in runs:
-        return pd.Series([{}] * len(runs), index=runs.index)
-    return runs[SEARCHED].map(lambda text: json.loads(text) if isinstance(text, str) and text else {})
+from .tables import BASELINE, PAPER_ROWS, Column, Table, _cell, family_and_n_h, row_label, trial_values
 
 
 def _of_search(runs: pd.DataFrame, search: str) -> pd.DataFrame:
@@ -31,21 +22,38 @@ def _at(runs: pd.DataFrame, values: dict) -> pd.DataFrame:
     return runs[trial_values(runs).map(lambda v: v == values)]
 
 
-def tuned_table(runs: pd.DataFrame, searches: pd.DataFrame, unit: str) -> Table | None:
-    """One row per search (its paper row), a column per size: the loss at the row's best values over the
-    confirmation's seeds, paired with its tuned baseline."""
-    if searches.empty:
-        return None
+def _found(runs: pd.DataFrame, searches: pd.DataFrame) -> list[tuple[pd.Series, pd.DataFrame, dict]]:
+    """(parent run, its runs, its best values) per search that has runs and a best."""
     found = []
     for _, search in searches.iterrows():
         own = _of_search(runs, search["tags.ddl.search"])
-        if own.empty or not isinstance(search.get("tags.ddl.best_values"), str):
-            continue
-        best = json.loads(search["tags.ddl.best_values"])
-        found.append((search, own, best))
+        if not own.empty and isinstance(search.get("tags.ddl.best_values"), str):
+            found.append((search, own, json.loads(search["tags.ddl.best_values"])))
+    return found
+
+
+def best_runs(runs: pd.DataFrame, searches: pd.DataFrame) -> pd.DataFrame:
+    """Every search's runs at its best values (a searched row's best trial and confirmation, a carried row's
+    runs): each row at its own best, the runs the view across sizes pairs."""
+    return pd.concat([_at(own, best) for _, own, best in _found(runs, searches)] or [runs.iloc[:0]])
+
+
+def tuned_note(searches: pd.DataFrame) -> str:
+    """What the view across sizes of a searched experiment pairs: each row at its own best, searched where."""
+    carried = sorted(set(searches.get("tags.ddl.carried_from", pd.Series(dtype=object)).dropna()) - {""})
+    where = f"searched at {', '.join(carried)} and carried to the other sizes" if carried else "searched at each size"
+    return (f"Each row at its own best values ({where}), paired with the tuned baseline of its size; a search's "
+            "other trials are left out (the tuned table, the sensitivity figure).")
+
+
+def tuned_table(runs: pd.DataFrame, searches: pd.DataFrame, sizes: list[str], unit: str) -> Table | None:
+    """A row per paper row (and per further search of it at a size), a column per size: the loss at the row's
+    best values over the confirmation's seeds, paired with its tuned baseline."""
+    found = _found(runs, searches) if not searches.empty else []
     if not found:
         return None
-    sizes = list(dict.fromkeys(own["params.model.size"].iloc[0] for _, own, _ in found))
+    sizes = [s for s in sizes if any(own["params.model.size"].iloc[0] == s for _, own, _ in found)]
+    found.sort(key=lambda f: _place(f[1], sizes))
     columns = [Column(f"{size}/val_loss", f"{size.capitalize()} valid loss", False) for size in sizes]
     table = Table("tuned", "Each row at its own best (tuned)", [], columns,
                   compared=[(f"{size}/val_loss", f"{size.capitalize()} valid loss at each row's best")
@@ -53,12 +61,12 @@ def tuned_table(runs: pd.DataFrame, searches: pd.DataFrame, unit: str) -> Table 
     by_search, notes = {}, []
     for search, own, best in found:
         row, size = own["params.model.row"].iloc[0], own["params.model.size"].iloc[0]
-        if any(r == row for r in table.rows):
+        if any(r == row and s == size for r, s, *_ in by_search.values()):
             row = f"{row} search={search['tags.ddl.search']}"
-        table.rows.append(row)
-        for s in sizes:
-            table.cells[row, f"{s}/val_loss"] = _cell(_at(own, best), "final/val/loss", 1.0) if s == size else \
-                _cell(own.iloc[:0], "final/val/loss", 1.0)
+        if row not in table.rows:
+            table.rows.append(row)
+            table.cells.update({(row, f"{s}/val_loss"): _cell(own.iloc[:0], "final/val/loss", 1.0) for s in sizes})
+        table.cells[row, f"{size}/val_loss"] = _cell(_at(own, best), "final/val/loss", 1.0)
         by_search[search["tags.ddl.search"]] = (row, size, search, own, best)
     for row, size, search, own, best in by_search.values():
         base = by_search.get(search.get("tags.ddl.baseline_search") or "")
@@ -67,21 +75,38 @@ def tuned_table(runs: pd.DataFrame, searches: pd.DataFrame, unit: str) -> Table 
         cell = table.cells[row, f"{size}/val_loss"]
         if base is not None:
             cell.versus = paired(cell.seeds, table.cells[base[0], f"{size}/val_loss"].seeds, confidence)
-        notes.append(_row_note(row, search, own, best, base, cell, confidence))
+        notes.append(_row_note(row, size if len(sizes) > 1 else "", search, own, best, base, cell, confidence))
+    carried = "; a carried row's seeds all run its row's best from the search size" \
+        if any(_tag(search, "tags.ddl.carried_from") for search, _, _ in found) else ""
     table.note = (f"Loss in {unit}, mean ± std over the confirmation's seeds (seed 0: the trial that found the "
-                  f"best). " + " ".join(notes))
+                  f"best{carried}). " + " ".join(notes))
     return table
+
+
+def _place(own: pd.DataFrame, sizes: list[str]) -> tuple[int, int]:
+    """A search's place in the table: its paper row's (the paper's order, others after), then its size's."""
+    order = list(PAPER_ROWS)
+    family = family_and_n_h(own["params.model.row"].iloc[0])[0]
+    return order.index(family) if family in order else len(order), sizes.index(own["params.model.size"].iloc[0])
+
+
+def _tag(search: pd.Series, tag: str) -> str:
+    """A parent run's tag, "" where it has none (MLflow's frame: NaN where another parent has it)."""
+    value = search.get(tag)
+    return value if isinstance(value, str) else ""
 
 
 def _values_text(values: dict) -> str:
     return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
 
 
-def _row_note(row, search, own, best, base, cell, confidence: float) -> str:
-    """A row's best values (and an edge flag), its interval's confidence, and against the tuned baseline the
-    gap at a value both tried, with whether tuning changed the verdict."""
-    edge = search.get("tags.ddl.edge") or ""
-    text = f"{row_label(row)}: best {_values_text(best)}" + (" (at the edge: widen the range)" if edge else "")
+def _row_note(row, size: str, search, own, best, base, cell, confidence: float) -> str:
+    """A row's best values at `size` (and an edge flag; a carried row's are its row's from the size it is carried
+    from), its interval's confidence, and against the tuned baseline the gap at a value both tried, with whether
+    tuning changed the verdict."""
+    edge, carried = (_tag(search, f"tags.ddl.{tag}") for tag in ("edge", "carried_from"))
+    text = (f"{row_label(row)}{f' at {size}' if size else ''}: {f'carried from {carried}' if carried else 'best'} "
+            f"{_values_text(best)}" + (" (at the edge: widen the range)" if edge else ""))
     if base is None or row.partition(" ")[0] == BASELINE:
         return text + "."
     text += f", paired at {confidence:.4g} confidence"
