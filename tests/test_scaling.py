@@ -186,3 +186,15 @@ def test_one_size_writes_no_view_across_sizes(module_ddl_home, synthetic):
     folder, rows = report(module_ddl_home, "baselines")        # no row to pair: the fit, no gap
     assert [r["kind"] for r in rows] == ["fit"] and not (folder / "scaling_gap.png").exists()
     assert (folder / "scaling_loss.png").exists()
+
+
+def test_the_tuned_scaling_sweep_searches_micro_carries_to_tiny_and_mini_within_90_minutes(ddl_home):
+    out = run_cli("ddl-run", "-m", "+sweep=scaling_tuned", "--dry-run", env_extra={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    text = " ".join(out.stdout.split())
+    assert "4 rows searched at micro, 8 carried from there" in text
+    for size in ("tiny", "mini"):
+        assert all(f"{row}-{size} " in out.stdout for row in ("baseline", "ddl_dv1", "ddl_dv4", "ddl_dv4_ec"))
+    wall = re.search(r"about ([\d.]+) min wall on 2 slots", text)
+    assert wall and float(wall.group(1)) <= 90, out.stdout[-600:]
+    assert not ddl_home.exists()
