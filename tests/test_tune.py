@@ -107,16 +107,21 @@ def test_a_dry_run_shows_which_rows_are_searched_and_which_carried(ddl_home):
 
 
 @pytest.fixture(scope="module")
-def carried(module_ddl_home):
-    """A search at micro carried to tiny, then the same command again."""
-    first = run_cli("ddl-run", "-m", *CARRIED)
-    return first, run_cli("ddl-run", "-m", *CARRIED), module_ddl_home
+def carried(tmp_path_factory):
+    """A search at micro carried to tiny, then the same command again, in a home of its own (the stopped
+    search below waits for the first checkpoint in its module's home)."""
+    home = tmp_path_factory.mktemp("carried")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DDL_HOME", str(home))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        return run_cli("ddl-run", "-m", *CARRIED), run_cli("ddl-run", "-m", *CARRIED), home
 
 
 @pytest.mark.slow
-def test_a_search_at_one_size_carries_its_best_to_the_others_and_trains_nothing_twice(carried):
-    first, again, _ = carried
+def test_a_search_at_one_size_carries_its_best_to_the_others_and_trains_nothing_twice(carried, monkeypatch):
+    first, again, home = carried
     assert first.returncode == 0, first.stderr[-3000:]
+    monkeypatch.setenv("DDL_HOME", str(home))
     runs = mlflow_runs("carried")
     trials = [r for r in runs if r.data.tags.get("ddl.role") == "trial"]
     assert len(trials) == 4 and {r.data.params["model.size"] for r in trials} == {"micro"}
