@@ -140,10 +140,9 @@ def by_group(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def flatness(table: pd.DataFrame) -> pd.DataFrame:
-    """Per param, row and group at the last step: abs_mean at the widest width over the narrowest."""
-    last = by_group(table)
-    last = last[last["step"] == last["step"].max()]
-    ends = last.pivot_table(index=["param", "row", "group"], columns="width", values="abs_mean", sort=False)
+    """Per param, row, group and step: abs_mean at the widest width over the narrowest."""
+    ends = by_group(table).pivot_table(index=["param", "row", "group", "step"], columns="width", values="abs_mean",
+                                       sort=False)
     return (ends[ends.columns.max()] / ends[ends.columns.min()]).rename("ratio").reset_index()
 
 
@@ -222,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         print(f"{parser.prog}: error: {err.filename or out}: {err.strerror or err}")
         return 1
-    ratios = flatness(table).pivot_table(index=["row", "group"], columns="param", values="ratio", sort=False)
+    ratios = flatness(table).query(f"step == {args.steps}").pivot_table(index=["row", "group"], columns="param",
+                                                                       values="ratio", sort=False)
     print(f"abs_mean at width {args.widths[-1]} / width {args.widths[0]}, step {args.steps}:")
     print(ratios[list(PARAMS)].round(2).to_string())
     print(f"{math.ceil(seconds)} s; written: {out / 'coord.csv'}, {out / 'coord.png'}")
