@@ -1,4 +1,4 @@
-"""`python -m ddl.coord`: µP's coordinate check (Yang et al. 2022, Tensor Programs V, figure 5).
+"""`python -m ddl.coord`: µP's coordinate check (Yang et al. 2022, Tensor Programs V).
 
 Trains each row (baseline, DDL d_v=1, d_v=4) for a few AdamW steps at several widths, the depth and
 the head size fixed (the micro size's 2 layers, heads of 32), under model.param=sp and mup (base width
@@ -119,12 +119,12 @@ def coordinates(model: GPT, batches: list, lr: float) -> dict[tuple[int, str], f
     return found
 
 
-def coord_check(rows=tuple(ROWS), widths=WIDTHS, steps: int = 4, lr: float = 1e-2, seeds: int = 2) -> pd.DataFrame:
+def coord_check(widths=WIDTHS, steps: int = 4, lr: float = 1e-2, seeds: int = 2) -> pd.DataFrame:
     """The coordinate check's table: one line per param, row, width, step and layer, the abs mean over seeds."""
     batches = fixed_batches(steps + 1)
     records = []
     for param in PARAMS:
-        for row in rows:
+        for row in ROWS:
             for width in widths:
                 runs = [coordinates(build(row, param, width, seed), batches, lr) for seed in range(seeds)]
                 records += [dict(param=param, row=row, width=width, step=step, layer=layer,
@@ -223,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     ratios = flatness(table).query(f"step == {args.steps}").pivot_table(index=["row", "group"], columns="param",
                                                                        values="ratio", sort=False)
+    ratios = ratios.reindex(list(GROUPS), level="group")
     print(f"abs_mean at width {args.widths[-1]} / width {args.widths[0]}, step {args.steps}:")
     print(ratios[list(PARAMS)].round(2).to_string())
     print(f"{math.ceil(seconds)} s; written: {out / 'coord.csv'}, {out / 'coord.png'}")
