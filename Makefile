@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH_CPU := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint report ui bench gpu-check reliability clean-runs
+.PHONY: install demo test test-fast lint report ui bench coord gpu-check reliability clean-runs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ ui: install
 # `python -m ddl.bench --orchestrator`: the orchestrator's figures alone (start-up, the 1,000-job plan), in a minute.
 bench: install
 	$(BIN)/python -m ddl.bench
+
+# µP's coordinate check: every row at widths 64-512 for a few steps under sp and mup; reports/coord/.
+coord: install
+	$(BIN)/python -m ddl.coord
 
 # On a machine with a CUDA GPU: the Triton kernel and model tests on CUDA, a 50-step paper-small bf16
 # run per arm, the bench's CUDA half; reports/gpu-check/. Without one: one line, exit 0.

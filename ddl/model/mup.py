@@ -13,7 +13,11 @@ Weight decay times m keeps AdamW's per-step decay lr * wd the same at every widt
 package's MuAdam does by default). The embedding is tied to the readout: it keeps its input role
 and the logits are multiplied by 1/m instead (the mup package's MuSharedReadout). Attention keeps
 1/sqrt(d_head): every size ddl defines grows its heads in number at a fixed size, where µP's
-1/d_head rule is that constant. The init factors assume model.init=reference (matrices N(0,
+1/d_head rule is that constant. The Delta value v = s sigmoid(.) is multiplied by sqrt(m): the key k
+has unit norm, so its coordinates are 1/sqrt(d), and the write beta k v^T (and with it the state X
+and its readout) would otherwise shrink as 1/sqrt(m) against the embedding it is added to (the
+coordinate check, `python -m ddl.coord`, measured it; the erase term beta k k^T X is a projection,
+the same at every width). The init factors assume model.init=reference (matrices N(0,
 0.5/sqrt(d))): the config refuses mup with another init.
 """
 
@@ -91,3 +95,9 @@ def optimizer_groups(model: nn.Module, cfg: ModelConfig, lr: float, weight_decay
 
 def logit_multiplier(cfg: ModelConfig) -> float:
     return 1.0 / width_multiplier(cfg)
+
+
+def value_multiplier(cfg: ModelConfig) -> float:
+    """What the Delta value's scale s (v = s sigmoid(.)) is multiplied by: sqrt(m), so that the write
+    beta k v^T of a unit key k keeps its base width's coordinates (the module docstring says why)."""
+    return width_multiplier(cfg) ** 0.5
