@@ -82,14 +82,13 @@ def rescale_init(model: nn.Module, cfg: ModelConfig) -> None:
 def optimizer_groups(model: nn.Module, cfg: ModelConfig, lr: float, weight_decay: float) -> list[dict]:
     """AdamW's parameter groups: weight decay on matrices (linear weights, the tied embedding, conv
     kernels) only, never on gains, biases or read vectors; under µP hidden and output matrices at
-    lr / m with weight decay * m. Each group keeps its lr multiplier as `lr_scale`."""
+    lr / m with weight decay * m."""
     m = width_multiplier(cfg)
     groups: dict[tuple[bool, float], list] = {}
     for name, p in model.named_parameters():
         scale = 1.0 / m if role(name, p) in (HIDDEN, OUTPUT) else 1.0
         groups.setdefault((p.dim() >= 2, scale), []).append(p)
-    return [{"params": params, "lr": lr * scale, "lr_scale": scale,
-             "weight_decay": weight_decay / scale if decay else 0.0}
+    return [{"params": params, "lr": lr * scale, "weight_decay": weight_decay / scale if decay else 0.0}
             for (decay, scale), params in sorted(groups.items(), key=lambda kv: (not kv[0][0], -kv[0][1]))]
 
 
