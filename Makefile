@@ -56,10 +56,16 @@ bench: install
 coord: install
 	$(BIN)/python -m ddl.coord
 
-# On a machine with a CUDA GPU: the Triton kernel and model tests on CUDA, a 50-step paper-small bf16
-# run per arm, the bench's CUDA half; reports/gpu-check/. Without one: one line, exit 0.
-gpu-check: install
-	$(BIN)/python -m ddl.gpu_check
+# On a machine with a CUDA GPU (nvidia-smi): its own python and torch, nothing installed but omegaconf (the
+# resume part's ddl.train reads keys with it); parts in GPU_CHECK (default step,resume); reports/gpu-check/.
+# Without one: one line, exit 0. ddl/gpu_check.py says what each part measures.
+GPU_PYTHON ?= python3
+GPU_CHECK  ?=
+gpu-check:
+	@if command -v nvidia-smi >/dev/null 2>&1; then \
+	  $(GPU_PYTHON) -c 'import omegaconf' 2>/dev/null || $(GPU_PYTHON) -m pip install -q omegaconf; \
+	  $(GPU_PYTHON) -m ddl.gpu_check $(GPU_CHECK); \
+	else $(MAKE) --no-print-directory install && $(BIN)/python -m ddl.gpu_check; fi
 
 # Bad inputs and damaged files against a scratch DDL_HOME: the table of docs/reliability.md.
 reliability: install

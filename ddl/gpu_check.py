@@ -1,25 +1,31 @@
-"""`make gpu-check`: what a CPU cannot prove, run on a machine with a CUDA GPU.
+"""`make gpu-check`: what a CPU cannot show, measured on a CUDA GPU in minutes.
 
-1. The device-aware tests on CUDA (DDL_TEST_DEVICE=cuda): the Triton kernels against the plain forms,
-   compiled for the GPU (no interpreter); every variant under bf16 autocast and torch.compile.
-2. A short ddl-run per arm (baseline, d_v=1, d_v=4) at the paper's small size with its training
-   config (train=paper: bf16 autocast, torch.compile), on the embedded corpus (byte tokens, offline).
-3. `python -m ddl.bench`, whose CUDA half adds the paper's small size in bf16, compile off and on:
-   step time, tokens/s, MFU and memory of every arm against the baseline.
+Parts (--parts, comma-separated; default `step,resume`):
+- step: the paper's small size in bf16, the arms baseline, DDL d_v=1 and d_v=4, each compiled per block
+  (GPT.compile_blocks): seconds to the first step, the compiled gradients against eager's, then 5 warm-up
+  and 20 timed steps each (CUDA events), the arms alternating in rounds of 5; step time, ratio to the
+  baseline, MFU, step memory.
+- resume: a 200-step run of DDL d_v=4 at the small shape (embedded corpus) killed with SIGKILL after a
+  checkpoint and resumed, against the same run uninterrupted: the steps continue from the checkpoint, no
+  loss is NaN, and the curves agree within bf16 noise.
+- tests (opt-in): the device-aware tests on CUDA (tests/test_triton_kernels.py, tests/test_model_bf16_compile.py).
+- profile (opt-in): the CUDA kernels of three compiled steps of each arm, by time (profile-<arm>.txt).
 
-Writes reports/gpu-check/summary.{md,json}, each step's log and the bench's report beside them, and
-judges the targets: DDL d_v=4 step <= 1.10x the baseline's (small, bf16, compiled), MFU >= 40%.
-Without a CUDA GPU it says so in one line and exits 0.
+summary.json is rewritten after every part (and every arm), so a check cut short still leaves its figures.
+Without a CUDA GPU it says so in one line and exits 0; `--device cpu` runs the parts on the CPU at
+`--size micro` (how the suite tests this harness).
 
-    python -m ddl.gpu_check [--steps 50] [--out DIR]
+    python -m ddl.gpu_check [--parts step,resume] [--out DIR] [--size small] [--device cuda|cpu]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,125 +36,259 @@ from . import paths
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 DEVICE_TESTS = ["tests/test_triton_kernels.py", "tests/test_model_bf16_compile.py"]
-RUN_ARMS = {"baseline": ["residual=baseline"], "ddl_dv1": ["residual=ddl", "dv=1"], "ddl_dv4": ["residual=ddl", "dv=4"]}
-STEP_RATIO_TARGET, MFU_TARGET = 1.10, 0.40          # d_v=4 against the baseline, small bf16 compiled
+ARMS = ("baseline", "ddl_dv1", "ddl_dv4")
+PARTS = ("step", "resume", "tests", "profile")
+DEFAULT_PARTS = ("step", "resume")
+TARGETS = {"ddl_dv1": 1.05, "ddl_dv4": 1.10}          # compiled step ratio to the baseline, small, bf16
+MFU_TARGET, WALL_TARGET_S = 0.40, 480
+BATCH, SEQ = 16, 1024                                 # 16 x 1024 tokens a step, as the bench
+WARMUP, TIMED, ROUND = 5, 20, 5                       # steps per arm: warm-up, timed, timed per round
+RESUME_STEPS, RESUME_CKPT, RESUME_KILL_AFTER = 200, 50, 120
+RESUME_TOLERANCE = 0.05                               # |loss difference| at a logged step: bf16 noise
 
 
-def run_command(arm: str, steps: int) -> list[str]:
-    """ddl-run for one arm: the paper's small model and training config, shrunk to `steps` steps of
-    16 x 1024 tokens, validated once at the end, on the embedded corpus."""
-    return [str(Path(sys.executable).parent / "ddl-run"), "model=small", "train=paper", "data=embedded", *RUN_ARMS[arm],
-            f"train.steps={steps}", "train.batch_tokens=16384", "train.micro_batch=16", "train.warmup_steps=10",
-            f"train.eval_every={steps}", "train.eval_tokens=65536", f"train.ckpt_every={steps}", "train.log_every=10",
-            "experiment=gpu-check"]
+class Check:
+    """The summary, rewritten (atomically) to out/summary.{json,md} each time a part adds to it."""
+
+    def __init__(self, out: Path, machine: dict, parts: list[str]):
+        self.out, self.started = out, time.perf_counter()
+        self.summary = {"machine": machine, "parts": parts}
+
+    def record(self, part: str, value) -> None:
+        self.summary[part] = value
+        self.summary["seconds"] = time.perf_counter() - self.started
+        paths.write_atomic(self.out / "summary.json", json.dumps(self.summary, indent=1))
+        paths.write_atomic(self.out / "summary.md", markdown(self.summary))
 
 
-def logged(name: str, cmd: list[str], out: Path, **env: str) -> tuple[int, float]:
-    """Runs cmd with its output in out/<name>.log: (exit code, seconds)."""
-    start = time.perf_counter()
-    with open(out / f"{name}.log", "w") as log:
-        code = subprocess.run(cmd, cwd=CHECKOUT, stdout=log, stderr=subprocess.STDOUT,
-                              env={**os.environ, **env}).returncode
-    return code, time.perf_counter() - start
+def step_part(check: Check, device, size: str) -> dict:
+    """The three arms at `size`, compiled per block, timed alternating (ddl.bench.model_costs)."""
+    import torch
+
+    from .bench import model_costs
+    from .model import SIZES, ModelConfig
+    shape = {**SIZES[size], "vocab_size": ModelConfig.vocab_size}
+    batch, seq = (BATCH, SEQ) if device.type == "cuda" else (2, 64)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    set_up: dict = {}
+
+    def on_arm(name: str, row: dict) -> None:
+        set_up[name] = row
+        check.record("step", {"set_up": set_up})
+
+    rows = model_costs(device, shape, batch, seq, TIMED // ROUND, ROUND, True, list(ARMS), warmup=WARMUP,
+                       on_arm=on_arm)
+    return {"shape": {**shape, "batch": batch, "seq_len": seq}, "rows": rows, "targets": targets(rows)}
 
 
-def device_tests(out: Path) -> dict:
+def targets(rows: dict) -> dict:
+    """The issue's targets from the step part's rows."""
+    judged = {}
+    for arm, bound in TARGETS.items():
+        ratio = rows[arm]["time_ratio"]
+        judged[f"{arm} step / baseline"] = {"value": ratio, "target": f"<= {bound:.2f}", "met": ratio <= bound}
+    mfu = rows["baseline"]["mfu"]
+    judged["baseline MFU"] = {"value": mfu, "target": f">= {MFU_TARGET:.0%}",
+                              "met": mfu is not None and mfu >= MFU_TARGET}
+    for arm, row in rows.items():
+        error = row["gradient_error"]
+        judged[f"{arm} compiled gradients"] = {"value": error, "target": "<= 0.05 (relative L2 to eager)",
+                                               "met": error is not None and error <= 0.05}
+    return judged
+
+
+def train_command(home: Path, size: str, device: str) -> tuple[list[str], dict]:
+    """`python -m ddl.train` for the resume part: DDL d_v=4 at `size`, RESUME_STEPS steps, a checkpoint every
+    RESUME_CKPT, compiled per block on CUDA; and its environment (DDL_HOME=home)."""
+    tokens = (BATCH, SEQ) if device == "cuda" else (2, 64)
+    cmd = [sys.executable, "-m", "ddl.train", f"model.size={size}", "model.residual=ddl", "model.dv=4",
+           "data.source=embedded", f"train.steps={RESUME_STEPS}", f"train.micro_batch={tokens[0]}",
+           f"train.seq_len={tokens[1]}", f"train.batch_tokens={tokens[0] * tokens[1]}", "train.warmup_steps=20",
+           "train.log_every=10", f"train.eval_every={RESUME_STEPS}", f"train.eval_tokens={4 * tokens[0] * tokens[1]}",
+           f"train.ckpt_every={RESUME_CKPT}", f"train.device={device}", "train.lr=1e-3",
+           f"train.compile={str(device == 'cuda').lower()}"]
+    return cmd, {**os.environ, "DDL_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+
+
+def logged_losses(home: Path) -> list[tuple[int, float]]:
+    """(step, train/loss) of every line of the run's metrics.jsonl, in the order logged."""
+    [metrics] = home.glob("runs/*/metrics.jsonl")
+    points = []
+    for line in metrics.read_text().splitlines():
+        row = json.loads(line)
+        if "train/loss" in row:
+            points.append((row["step"], row["train/loss"]))
+    return points
+
+
+def resume_part(out: Path, size: str, device: str) -> dict:
+    """One run uninterrupted; the same run killed (SIGKILL) once it has logged RESUME_KILL_AFTER steps, then
+    resumed. Judged: the resumed run continues from its last checkpoint to the end (every logged step
+    present), no loss NaN, each logged loss within RESUME_TOLERANCE of the uninterrupted run's."""
+    with tempfile.TemporaryDirectory() as scratch:
+        whole, broken = Path(scratch, "whole"), Path(scratch, "broken")
+        cmd, env = train_command(whole, size, device)
+        start = time.perf_counter()
+        with open(out / "resume-whole.log", "w") as log:
+            code = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        whole_s = time.perf_counter() - start
+        if code:
+            return {"ok": False, "error": f"the uninterrupted run exited {code} (resume-whole.log)"}
+        cmd, env = train_command(broken, size, device)
+        with open(out / "resume-killed.log", "w") as log:
+            process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+            killed_at = wait_for_step(broken, process, RESUME_KILL_AFTER)
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+        with open(out / "resume-resumed.log", "w") as log:
+            code = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        if code:
+            return {"ok": False, "error": f"the resumed run exited {code} (resume-resumed.log)"}
+        return compare_curves(logged_losses(whole), logged_losses(broken), killed_at, whole_s)
+
+
+def wait_for_step(home: Path, process: subprocess.Popen, step: int, timeout_s: float = 600) -> int:
+    """Polls the run's metrics until it has logged `step` (or more): the last logged step."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
+        points = logged_losses(home) if list(home.glob("runs/*/metrics.jsonl")) else []
+        if points and points[-1][0] >= step:
+            return points[-1][0]
+        time.sleep(0.2)
+    raise RuntimeError(f"the run to kill never logged step {step} (exit {process.poll()})")
+
+
+def compare_curves(whole: list[tuple[int, float]], broken: list[tuple[int, float]], killed_at: int,
+                   whole_s: float) -> dict:
+    """The killed-and-resumed curve against the uninterrupted one. A resumed run logs again the steps between
+    its checkpoint and the kill: its curve is each step's last value."""
+    resumed = dict(broken)
+    expected = [step for step, _ in whole]
+    differences = {step: abs(resumed[step] - loss) for step, loss in whole if step in resumed}
+    continuous = sorted(resumed) == expected
+    finite = all(math.isfinite(loss) for _, loss in broken)
+    largest = max(differences.values()) if differences else math.inf
+    return {"ok": continuous and finite and largest <= RESUME_TOLERANCE, "killed_after_step": killed_at,
+            "resumed_from": (killed_at // RESUME_CKPT) * RESUME_CKPT, "steps_logged": len(resumed),
+            "continuous": continuous, "finite": finite, "largest_loss_difference": largest,
+            "final_loss": {"uninterrupted": whole[-1][1], "resumed": resumed.get(whole[-1][0])},
+            "tolerance": RESUME_TOLERANCE, "uninterrupted_run_s": whole_s}
+
+
+def tests_part(out: Path) -> dict:
     if not (CHECKOUT / "tests").is_dir():
         return {"skipped": "no tests/ beside the package: run from a checkout"}
-    code, seconds = logged("tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *DEVICE_TESTS],
-                           out, DDL_TEST_DEVICE="cuda")
+    start = time.perf_counter()
+    with open(out / "tests.log", "w") as log:
+        code = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *DEVICE_TESTS],
+                              cwd=CHECKOUT, stdout=log, stderr=subprocess.STDOUT,
+                              env={**os.environ, "DDL_TEST_DEVICE": "cuda"}).returncode
     lines = (out / "tests.log").read_text().strip().splitlines()
-    return {"exit_code": code, "seconds": seconds, "summary": lines[-1] if lines else ""}
+    return {"exit_code": code, "seconds": time.perf_counter() - start, "summary": lines[-1] if lines else ""}
 
 
-def training_runs(out: Path, steps: int) -> dict:
-    runs = {}
-    for arm in RUN_ARMS:
-        with tempfile.TemporaryDirectory() as home:            # a fresh DDL_HOME: nothing skipped as done
-            code, seconds = logged(f"run-{arm}", run_command(arm, steps), out, DDL_HOME=home)
-            status = [json.loads(p.read_text()) for p in Path(home).glob("runs/*/status.json")]
-        finished = status and status[0].get("state") == "finished"
-        runs[arm] = {"exit_code": code, "seconds": seconds,
-                     "final": {"train/loss": status[0]["train_loss"], "val/loss": status[0]["val_loss"]}
-                     if finished else None,
-                     "tokens_per_s": status[0].get("tokens_per_s") if status else None}
-    return runs
+def profile_part(out: Path, device, size: str) -> dict:
+    """Three compiled steps of each arm under torch.profiler: its kernels by total device time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
 
-
-def bench(out: Path) -> dict:
-    code, seconds = logged("bench", [sys.executable, "-m", "ddl.bench", "--out", str(out / "bench")], out)
-    report = out / "bench" / "bench.json"
-    result = json.loads(report.read_text()) if code == 0 and report.exists() else None
-    return {"exit_code": code, "seconds": seconds, "targets": targets(result) if result else None}
-
-
-def targets(result: dict) -> dict:
-    """The issue's targets from the bench's small-size bf16 compiled table."""
-    rows = result.get("model_small_bf16_compiled", {})
-    if not rows:
-        return {}
-    ratio = rows["ddl_dv4"]["time_ratio"]
-    judged = {"ddl_dv4 step / baseline": {"value": ratio, "target": f"<= {STEP_RATIO_TARGET:.2f}",
-                                          "met": ratio <= STEP_RATIO_TARGET}}
-    for arm in ("baseline", "ddl_dv4"):
-        mfu = rows[arm]["mfu"]
-        judged[f"{arm} MFU"] = {"value": mfu, "target": f">= {MFU_TARGET:.0%}",
-                                "met": mfu is not None and mfu >= MFU_TARGET}
-    return judged
+    from .bench import Arm
+    from .model import SIZES, ModelConfig
+    shape = {**SIZES[size], "vocab_size": ModelConfig.vocab_size}
+    batch, seq = (BATCH, SEQ) if device.type == "cuda" else (2, 64)
+    files = {}
+    for name in ARMS:
+        arm = Arm(name, shape, batch, seq, device, True)
+        arm.step(), arm.step()
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            for _ in range(3):
+                arm.step()
+        sort = "device_time_total" if device.type == "cuda" else "cpu_time_total"
+        path = out / f"profile-{name}.txt"
+        path.write_text(prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70))
+        files[name] = path.name
+        del arm
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {"files": files}
 
 
 def markdown(summary: dict) -> str:
     machine = summary["machine"]
-    lines = [f"# gpu-check ({machine['device']}, torch {machine['torch']}, triton {machine['triton']})", ""]
-    tests = summary["tests"]
-    ran = f"`{' '.join(DEVICE_TESTS)}`: {tests.get('summary')} (exit {tests.get('exit_code')}, tests.log)"
-    lines += ["## Tests on CUDA", "", tests.get("skipped", ran), ""]
-    lines += [f"## {summary['steps']}-step ddl-run per arm (model=small train=paper, embedded corpus)", "",
-              "| arm | exit | train/loss | val/loss | tokens/s | seconds |", "|---|---|---|---|---|---|"]
-    for arm, run in summary["runs"].items():
-        final = run["final"] or {}
-        cells = [f"{final[key]:.4f}" if key in final else "-" for key in ("train/loss", "val/loss")]
-        tokens = f"{run['tokens_per_s']:,.0f}" if run["tokens_per_s"] else "-"
-        lines.append(f"| {arm} | {run['exit_code']} | {' | '.join(cells)} | {tokens} | {run['seconds']:.0f} |")
-    bench_part = summary["bench"]
-    lines += ["", "## Targets (bench: paper small, bf16, whole-model torch.compile)", ""]
-    if bench_part["targets"]:
-        lines += ["| measure | value | target | |", "|---|---|---|---|"]
-        for name, t in bench_part["targets"].items():
-            value = "-" if t["value"] is None else f"{t['value']:.1%}" if "MFU" in name else f"{t['value']:.3f}"
+    lines = [f"# gpu-check ({machine['device']}, torch {machine['torch']}, triton {machine['triton']})", "",
+             f"Parts: {', '.join(summary['parts'])}; {summary.get('seconds', 0):.0f} s so far.", ""]
+    step = summary.get("step", {})
+    if "rows" in step:
+        lines += [f"## Step: {machine.get('size', 'small')}, bf16 on CUDA, compiled per block", "",
+                  "| arm | step (ms) | x baseline | tokens/s | MFU | memory (MiB) | first step (s) | grad error |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for arm, row in step["rows"].items():
+            mfu = "-" if row["mfu"] is None else f"{row['mfu']:.1%}"
+            lines.append(f"| {arm} | {row['step_ms']:.1f} | {row['time_ratio']:.3f} | {row['tokens_per_s']:,.0f} "
+                         f"| {mfu} | {row['memory_mib']:,.0f} | {row['first_step_s']:.1f} "
+                         f"| {row['gradient_error']:.2e} |")
+        lines += ["", "| target | value | bound | |", "|---|---|---|---|"]
+        for name, t in step["targets"].items():
+            value = "-" if t["value"] is None else f"{t['value']:.1%}" if "MFU" in name else f"{t['value']:.3g}"
             lines.append(f"| {name} | {value} | {t['target']} | {'met' if t['met'] else 'MISSED'} |")
-        lines += ["", "Every arm, compile off and on: bench/bench.md."]
-    else:
-        lines.append(f"The bench did not finish (exit {bench_part['exit_code']}): bench.log.")
+        lines.append("")
+    elif step:
+        lines += [f"## Step: set up so far: {json.dumps(step.get('set_up', step))}", ""]
+    if "resume" in summary:
+        lines += ["## Resume after SIGKILL (DDL d_v=4)", "", "```", json.dumps(summary["resume"], indent=1), "```", ""]
+    for part in ("tests", "profile"):
+        if part in summary:
+            lines += [f"## {part}", "", "```", json.dumps(summary[part], indent=1), "```", ""]
+    if "seconds" in summary and summary.get("done"):
+        verdict = "met" if summary["seconds"] <= WALL_TARGET_S else "MISSED"
+        lines.append(f"The check took {summary['seconds']:.0f} s (target <= {WALL_TARGET_S} s, install apart: "
+                     f"{verdict}).")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddl.gpu_check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=50, help="training steps per arm (default 50)")
+    parser.add_argument("--parts", default=",".join(DEFAULT_PARTS), help=f"of {', '.join(PARTS)}")
     parser.add_argument("--out", type=Path, default=None, help="where the reports go (default reports/gpu-check)")
+    parser.add_argument("--size", default=None, help="model size (default: small on CUDA, micro on CPU)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     args = parser.parse_args(argv)
+    parts = args.parts.split(",")
+    unknown = [part for part in parts if part not in PARTS]
+    if unknown:
+        parser.error(f"--parts: {','.join(unknown)} unknown; allowed: {', '.join(PARTS)}")
     import torch
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print(f"gpu-check: no CUDA GPU on this machine (torch {torch.__version__}); nothing to check.")
         return 0
     try:
         import triton
+        triton_version = triton.__version__
     except ImportError as error:
-        triton = argparse.Namespace(__version__=f"not importable ({error})")
+        triton_version = f"not importable ({error})"
+    device = torch.device(args.device)
+    size = args.size or ("small" if args.device == "cuda" else "micro")
     out = args.out or paths.reports_dir() / "gpu-check"
     out.mkdir(parents=True, exist_ok=True)
-    summary = {"machine": {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                           "triton": triton.__version__, "python": platform.python_version()},
-               "steps": args.steps, "tests": device_tests(out), "runs": training_runs(out, args.steps),
-               "bench": bench(out)}
-    paths.write_atomic(out / "summary.json", json.dumps(summary, indent=1))
-    paths.write_atomic(out / "summary.md", markdown(summary))
-    print(markdown(summary))
-    print(f"written: {out / 'summary.md'}, {out / 'summary.json'}")
-    failed = summary["tests"].get("exit_code") or summary["bench"]["exit_code"] or any(
-        run["exit_code"] for run in summary["runs"].values())
+    name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()
+    check = Check(out, {"device": name, "torch": torch.__version__, "triton": triton_version,
+                        "python": platform.python_version(), "size": size}, parts)
+    for part in parts:
+        if part == "step":
+            check.record("step", step_part(check, device, size))
+        elif part == "resume":
+            check.record("resume", resume_part(out, size, args.device))
+        elif part == "tests":
+            check.record("tests", tests_part(out))
+        else:
+            check.record("profile", profile_part(out, device, size))
+    check.summary["done"] = True
+    check.record("done", True)
+    print((out / "summary.md").read_text())
+    failed = (not all(t["met"] for t in check.summary.get("step", {}).get("targets", {}).values())
+              or not check.summary.get("resume", {"ok": True})["ok"] or check.summary.get("tests", {}).get("exit_code"))
     return 1 if failed else 0
 
 

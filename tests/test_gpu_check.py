@@ -1,5 +1,7 @@
-"""`make gpu-check` (ddl/gpu_check.py): what runs here without a GPU, and what it will run with one."""
+"""`make gpu-check` (ddl/gpu_check.py): its parts run here on the CPU, at the micro size, as they will on a GPU."""
 
+import json
+import math
 import subprocess
 import sys
 
@@ -7,7 +9,6 @@ import pytest
 import torch
 
 from ddl import gpu_check
-from tests.conftest import run_cli
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU: gpu-check would run")
@@ -19,26 +20,59 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_0(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("arm", gpu_check.RUN_ARMS)
-def test_its_training_runs_are_valid_ddl_run_commands(arm, ddl_home):
-    """The runs it would launch, planned (--dry-run): their overrides name real keys and values."""
-    command = gpu_check.run_command(arm, steps=50)
-    done = run_cli("ddl-run", *command[1:], "--dry-run", timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert f"{arm}-small-s0" in done.stdout
+def test_an_unknown_part_is_refused_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "ddl.gpu_check", "--parts", "step,bogus", "--device", "cpu",
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "--parts: bogus unknown; allowed: step, resume, tests, profile" in done.stderr
+    assert not (tmp_path / "out").exists()
 
 
-def test_it_judges_the_targets_from_the_bench_report():
-    row = {"step_ms": 100.0, "time_ratio": 1.0, "tokens_per_s": 1.6e5, "memory_mib": 1.0, "memory_ratio": 1.0,
-           "params": 1, "mfu": 0.45}
-    bench = {"model_small_bf16_compiled": {"baseline": row, "ddl_dv4": {**row, "time_ratio": 1.12, "mfu": 0.41}}}
-    judged = gpu_check.targets(bench)
-    assert [t["met"] for t in judged.values()] == [False, True, True]
-    summary = {"machine": {"device": "GPU", "torch": "t", "triton": "3"}, "steps": 50,
-               "tests": {"exit_code": 0, "summary": "60 passed"},
-               "runs": {arm: {"exit_code": 0, "seconds": 60.0, "final": {"train/loss": 3.0, "val/loss": 3.1},
-                              "tokens_per_s": 1e5} for arm in gpu_check.RUN_ARMS},
-               "bench": {"exit_code": 0, "seconds": 600.0, "targets": judged}}
-    text = gpu_check.markdown(summary)
-    assert "| ddl_dv4 step / baseline | 1.120 | <= 1.10 | MISSED |" in text
-    assert "| ddl_dv4 MFU | 41.0% | >= 40% | met |" in text
+CURVE = [(step, 5.0 - step / 100) for step in range(10, 201, 10)]
+
+
+def test_a_resumed_curve_is_judged_continuous_finite_and_close():
+    relogged = CURVE[:13] + [(step, loss + 0.01) for step, loss in CURVE[10:]]   # killed at 130, resumed from 100
+    judged = gpu_check.compare_curves(CURVE, relogged, killed_at=130, whole_s=1.0)
+    assert judged["ok"] and judged["continuous"] and judged["resumed_from"] == 100
+    assert judged["largest_loss_difference"] == pytest.approx(0.01)
+    gap = CURVE[:10] + CURVE[11:]                                                # step 110 never logged
+    assert not gpu_check.compare_curves(CURVE, gap, 130, 1.0)["continuous"]
+    nan = CURVE[:-1] + [(200, math.nan)]
+    assert not gpu_check.compare_curves(CURVE, nan, 130, 1.0)["ok"]
+    drifted = CURVE[:-1] + [(200, CURVE[-1][1] + 0.2)]
+    assert not gpu_check.compare_curves(CURVE, drifted, 130, 1.0)["ok"]
+
+
+def test_the_targets_are_judged_from_the_step_rows():
+    row = {"step_ms": 40.0, "time_ratio": 1.0, "tokens_per_s": 4e5, "memory_mib": 1.0, "memory_ratio": 1.0,
+           "params": 1, "mfu": 0.41, "first_step_s": 9.0, "gradient_error": 0.01}
+    rows = {"baseline": row, "ddl_dv1": {**row, "time_ratio": 1.04}, "ddl_dv4": {**row, "time_ratio": 1.12,
+                                                                               "gradient_error": 0.9}}
+    judged = gpu_check.targets(rows)
+    assert {name: t["met"] for name, t in judged.items()} == {
+        "ddl_dv1 step / baseline": True, "ddl_dv4 step / baseline": False, "baseline MFU": True,
+        "baseline compiled gradients": True, "ddl_dv1 compiled gradients": True, "ddl_dv4 compiled gradients": False}
+    text = gpu_check.markdown({"machine": {"device": "GPU", "torch": "t", "triton": "3"}, "parts": ["step"],
+                               "step": {"rows": rows, "targets": judged}})
+    assert "| ddl_dv4 step / baseline | 1.12 | <= 1.10 | MISSED |" in text
+    assert "| baseline MFU | 41.0% | >= 40% | met |" in text
+
+
+@pytest.mark.slow
+def test_its_parts_run_on_the_cpu_and_write_their_figures(tmp_path):
+    """The step part (compiled per block, the gradients checked against eager) and the resume part (a run killed
+    with SIGKILL and resumed) at the micro size on the CPU: the same code a GPU runs at small."""
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "ddl.gpu_check", "--device", "cpu", "--parts", "step,resume",
+                           "--out", str(out)], capture_output=True, text=True, timeout=900)
+    summary = json.loads((out / "summary.json").read_text())
+    rows = summary["step"]["rows"]
+    assert list(rows) == ["baseline", "ddl_dv1", "ddl_dv4"]
+    assert all(row["gradient_error"] < 1e-4 for row in rows.values()), rows      # fp32 on the CPU
+    resume = summary["resume"]
+    assert resume["ok"] and resume["continuous"] and resume["finite"], resume
+    assert resume["killed_after_step"] >= gpu_check.RESUME_KILL_AFTER
+    assert resume["largest_loss_difference"] < 1e-3                               # fp32: the same numbers
+    assert "## Step: micro, bf16 on CUDA, compiled per block" in (out / "summary.md").read_text()
+    assert done.returncode == 1, done.stdout                                      # no MFU on a CPU: MISSED

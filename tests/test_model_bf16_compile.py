@@ -1,4 +1,4 @@
-"""Every model variant under bf16 autocast and under whole-model torch.compile, on TEST_DEVICE: CPU
+"""Every model variant under bf16 autocast and compiled per block (as train.compile does), on TEST_DEVICE: CPU
 here (the fused ops' C++ loops); on a GPU (`make gpu-check`) CUDA, where they are the Triton kernels."""
 
 import pytest
@@ -38,7 +38,7 @@ def test_bf16_autocast_gives_the_fp32_numbers(name):
 
 @pytest.fixture
 def fresh_dynamo():
-    """Each compile starts from an empty cache (one code object, GPT.forward, compiled per variant)."""
+    """Each compile starts from an empty cache (the blocks' and the head's code objects, compiled per variant)."""
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
@@ -47,7 +47,8 @@ def fresh_dynamo():
 def assert_compiled_gives_the_eager_numbers(name: str, backend: str) -> None:
     eager = loss_and_grads(micro(name), T=12)
     model = micro(name)
-    compiled = loss_and_grads(model, torch.compile(model, fullgraph=True, backend=backend), T=12)  # a break raises
+    model.compile_blocks(backend)                                         # fullgraph: a graph break raises
+    compiled = loss_and_grads(model, T=12)
     torch.testing.assert_close(compiled[0], eager[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(compiled[1], eager[1], rtol=1e-4, atol=1e-6)
 
@@ -60,7 +61,7 @@ def test_every_variant_traces_as_one_graph_forward_and_backward(name, fresh_dyna
 
 
 @pytest.mark.slow
-def test_inductor_compiles_the_whole_model_with_the_fused_ops(fresh_dynamo):
+def test_inductor_compiles_the_blocks_with_the_fused_ops(fresh_dynamo):
     """One variant with every fused op (update, time-conv read, rank-1 read, EC expansion, norm)
     through inductor, as train.compile=true does."""
     assert_compiled_gives_the_eager_numbers("ddl_dv4_ec", "inductor")

@@ -206,14 +206,26 @@ class GPT(nn.Module):
         else:
             for block in self.blocks:
                 x = block(x, cos, sin)
+        return self.head(x, targets)
+
+    def head(self, x: torch.Tensor, targets: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The final norm, the logits (B,T,V) in at least fp32, and the loss when targets are given."""
         logits = self.lm_head(self.norm_f(x))
-        logits = logits.to(at_least_fp32(logits.dtype))                        # (B,T,V)
+        logits = logits.to(at_least_fp32(logits.dtype))
         if self.logit_multiplier != 1.0:
             logits = logits * self.logit_multiplier
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+    def compile_blocks(self, backend: str = "inductor") -> None:
+        """torch.compile each block and the head in place, rather than the whole model: the blocks are the
+        same code on parameters of the same shapes, so they share one compiled graph (block 0 of a DDL
+        model, which also takes the embedding's read, a second), and compiling takes seconds, not minutes."""
+        for block in self.blocks:
+            block.compile(fullgraph=True, backend=backend)
+        self.head = torch.compile(self.head, fullgraph=True, backend=backend)
 
     def delta_residuals(self) -> list[tuple[str, DeltaResidual]]:
         return [(f"L{i:02d}.{part}", getattr(block, f"delta_{part}"))

@@ -128,10 +128,10 @@ class Trainer:
         self.step, self.resumed_from = 0, None
         self.stop_early = None   # (step, val/loss) -> a reason to stop here, or None: a search's pruner, on rank 0
         self.last_checkpoint = self.resume()
+        if self.cfg.compile:                          # per block, before DDP wraps the model
+            self.model.compile_blocks()
         self.ddp = DistributedDataParallel(self.model) if self.info.world_size > 1 else None
         self.forward = self.ddp or self.model
-        if self.cfg.compile:
-            self.forward = torch.compile(self.forward)
         self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda")
 
     # -- setup --------------------------------------------------------------------------------
