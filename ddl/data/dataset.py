@@ -7,6 +7,9 @@
 
 `prepare` builds into `<name>.partial/` under a file lock, records its progress after every
 flushed shard (so an interrupted prepare resumes there), and renames the directory at the end.
+Its workers tokenize the source's units in parallel (ddl.data.parallel); the parent writes the
+documents in the source's order, so the shards and the manifest are the same bytes whatever the
+number of workers, and whether or not the build was interrupted.
 """
 
 from __future__ import annotations
@@ -18,17 +21,20 @@ import itertools
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
 
 from .. import paths
+from ..cpus import cpu_threads
 from ..validation import is_int
 from .config import DataConfig
-from .sources import documents, is_val
+from .parallel import tokenized
+from .progress import Meter
+from .sources import documents, is_val, units
 from .tokenizers import BPETokenizer, Tokenizer, load_tokenizer
 
 FORMAT = 1
@@ -78,9 +84,10 @@ class _SplitWriter:
         self.buffer: list[np.ndarray] = []
         self.buffered = 0
 
-    def add(self, ids: list[int], eot: int, n_bytes: int) -> None:
-        self.buffer.append(np.asarray(ids + [eot], dtype=np.uint16))
-        self.buffered += len(ids) + 1
+    def add(self, tokens: np.ndarray, n_bytes: int) -> None:
+        """A document's tokens, its eot included."""
+        self.buffer.append(tokens)
+        self.buffered += len(tokens)
         self.state["bytes"] += n_bytes
         self.state["docs"] += 1
 
@@ -115,48 +122,101 @@ def _within_bytes(docs: Iterable[str], limit: int) -> Iterator[str]:
         yield doc
 
 
-def _build(cfg: DataConfig, work: Path, progress: bool) -> dict:
-    from tqdm import tqdm
+def _progress(work: Path) -> dict:
+    """Where an interrupted build stopped: after `docs_done` documents, the first `unit_docs` of unit `unit`
+    (every shard up to there flushed); a fresh state when there is none, or one of an older layout. A shard
+    written after the last record, or a temp file a kill left, goes: it is written again."""
+    path = work / PROGRESS
+    state = json.loads(path.read_text()) if path.is_file() else {}
+    if "unit" not in state:
+        state = {"docs_done": 0, "unit": 0, "unit_docs": 0, "finished": False,
+                 **{s: {"shards": [], "tokens": 0, "bytes": 0, "docs": 0} for s in SPLITS}}
+    recorded = {shard["file"] for s in SPLITS for shard in state[s]["shards"]}
+    for stale in [*work.glob("*.bin"), *work.glob(".*.tmp")]:
+        if stale.name not in recorded:
+            stale.unlink()
+    return state
 
-    tokenizer = _tokenizer_for(cfg, work)
-    progress_path = work / PROGRESS
-    state = json.loads(progress_path.read_text()) if progress_path.is_file() else {
-        "docs_done": 0, **{s: {"shards": [], "tokens": 0, "bytes": 0, "docs": 0} for s in SPLITS}}
-    writers = {s: _SplitWriter(work, s, state[s]) for s in SPLITS}
-    budget = cfg.fineweb_tokens if cfg.source == "fineweb_edu" else None
-    bar = tqdm(desc=f"tokenizing {cfg.dataset_name()}", unit="tok", unit_scale=True, disable=not progress,
-               initial=state["train"]["tokens"] + state["val"]["tokens"])
 
-    def checkpoint() -> None:  # flush both splits together so docs_done is exact
-        for writer in writers.values():
+class _Build:
+    """One build of a dataset into `work`, resumed where progress.json says: the source's documents go to the
+    shards in its order, both splits flushed together as soon as train's buffer reaches SHARD_TOKENS, the
+    position (unit, documents of it) recorded with them."""
+
+    def __init__(self, cfg: DataConfig, work: Path):
+        self.cfg, self.work = cfg, work
+        self.state = _progress(work)
+        self.writers = {s: _SplitWriter(work, s, self.state[s]) for s in SPLITS}
+        self.budget = cfg.fineweb_tokens if cfg.source == "fineweb_edu" else None
+
+    @property
+    def written(self) -> int:
+        return sum(self.state[s]["tokens"] + self.writers[s].buffered for s in SPLITS)
+
+    def checkpoint(self, unit: int, unit_docs: int) -> None:
+        for writer in self.writers.values():
             writer.flush()
-        _write_json(progress_path, state)
+        self.state["unit"], self.state["unit_docs"] = unit, unit_docs
+        _write_json(self.work / PROGRESS, self.state)
 
-    try:
-        for doc in itertools.islice(documents(cfg), state["docs_done"], None):
-            split = "val" if is_val(doc, cfg.val_fraction) else "train"
-            ids = tokenizer.encode(doc)
-            writers[split].add(ids, tokenizer.eot, len(doc.encode("utf-8")))
-            state["docs_done"] += 1
-            bar.update(len(ids) + 1)
-            if writers["train"].buffered >= SHARD_TOKENS:
-                checkpoint()
-            written = sum(state[s]["tokens"] + writers[s].buffered for s in SPLITS)
-            if budget is not None and written >= budget:
-                break
-        checkpoint()
-    finally:
-        bar.close()         # ends the bar's line: an error is a line of its own
-    for split in SPLITS:
-        if not state[split]["tokens"]:
-            raise ValueError(f"data.source={cfg.source!r}: the {split} split came out empty "
-                             f"({state['docs_done']} documents); give it more text")
-    return {"tokenizer": {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size, "eot": tokenizer.eot},
-            "splits": {s: state[s] for s in SPLITS}}
+    def run(self, workers: int, progress: bool) -> dict:
+        tokenizer = _tokenizer_for(self.cfg, self.work)
+        state, name = self.state, self.cfg.dataset_name()
+        if not state["finished"]:
+            source = units(self.cfg)
+            left = source[state["unit"]:] if isinstance(source, list) else None
+            workers = min(workers, max(1, len(left))) if left is not None else workers
+            meter = Meter(name, workers, self.written, self.budget,
+                          None if left is None else sum(u.size for u in left), progress)
+            if self.written and progress:
+                print(f"resuming {name} at document {state['docs_done']:,} ({self.written:,} tokens written)",
+                      file=sys.stderr, flush=True)
+            try:
+                self.tokenize(source, workers, meter)
+            except BaseException:
+                meter.abort()
+                raise
+            meter.close()
+            state["finished"] = True      # a build killed before its rename adds nothing when it resumes
+            _write_json(self.work / PROGRESS, state)
+        for split in SPLITS:
+            if not state[split]["tokens"]:
+                raise ValueError(f"data.source={self.cfg.source!r}: the {split} split came out empty "
+                                 f"({state['docs_done']} documents); give it more text")
+        return {"tokenizer": {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size, "eot": tokenizer.eot},
+                "splits": {s: state[s] for s in SPLITS}}
+
+    def tokenize(self, source, workers: int, meter: Meter) -> None:
+        """Every document after the recorded position, in order, to its split's writer (until the budget)."""
+        state, written = self.state, self.written
+        first, skip = state["unit"], state["unit_docs"]
+        position = (first, skip)
+        with contextlib.closing(tokenized(itertools.islice(source, first, None), self.cfg, self.work,
+                                          workers)) as chunks:
+            for index, chunk in enumerate(chunks, start=first):
+                ends = np.cumsum(chunk.lengths)
+                position = (index + 1, 0)
+                for doc in range(skip if index == first else 0, len(ends)):
+                    split = "val" if chunk.val[doc] else "train"
+                    self.writers[split].add(chunk.tokens[ends[doc] - chunk.lengths[doc]:ends[doc]],
+                                            int(chunk.n_bytes[doc]))
+                    state["docs_done"] += 1
+                    written += int(chunk.lengths[doc])
+                    if self.writers["train"].buffered >= SHARD_TOKENS:
+                        self.checkpoint(index, doc + 1)
+                    if self.budget is not None and written >= self.budget:
+                        position = (index, doc + 1)
+                        break
+                meter.update(written, chunk.size)
+                if position[1]:
+                    break
+        self.checkpoint(*position)
 
 
-def prepare(cfg: DataConfig, root: Path | None = None, force: bool = False, progress: bool = True) -> Path:
-    """Build the dataset for `cfg` (resumably), or return it when it is already finished."""
+def prepare(cfg: DataConfig, root: Path | None = None, force: bool = False, progress: bool = True,
+            workers: int | None = None) -> Path:
+    """Build the dataset for `cfg` (resumably) with `workers` processes (default: the CPUs this process may
+    use), or return it when it is already finished."""
     root = Path(root) if root is not None else paths.data_dir()
     name = cfg.dataset_name()
     final, work, lock = root / name, root / f"{name}.partial", root / f"{name}.lock"
@@ -171,16 +231,15 @@ def prepare(cfg: DataConfig, root: Path | None = None, force: bool = False, prog
         fresh = not work.exists()
         work.mkdir(exist_ok=True)
         try:
-            built = _build(cfg, work, progress)
+            built = _Build(cfg, work).run(workers or cpu_threads(), progress)
         except ValueError:          # bad input: nothing worth resuming, nothing left
             if fresh:
                 shutil.rmtree(work)
                 lock.unlink()
                 paths.prune(root)
             raise
-        manifest = {
-            "format": FORMAT, "name": name, "dtype": "uint16", "created": datetime.now(timezone.utc).isoformat(),
-            "source": cfg.source_params(), **built,
+        manifest = {     # no date, no worker count: the same bytes however and whenever it was built
+            "format": FORMAT, "name": name, "dtype": "uint16", "source": cfg.source_params(), **built,
             "bytes_per_token": {s: built["splits"][s]["bytes"] / built["splits"][s]["tokens"] for s in SPLITS},
         }
         manifest["unigram_xent_val"] = _unigram_cross_entropy(work, manifest)
