@@ -86,10 +86,11 @@ class GPT2Tokenizer:
     """GPT-2 BPE through tiktoken. It needs its BPE file: network or TIKTOKEN_CACHE_DIR."""
     name, vocab_size, eot = "gpt2", 50257, 50256
 
-    def __init__(self):
+    def __init__(self, encoding=None):
+        """tiktoken's GPT-2 encoding (`encoding`: another tiktoken Encoding, as the data bench's stand-in)."""
         import tiktoken
         try:
-            self._enc = tiktoken.get_encoding("gpt2")
+            self._enc = encoding or tiktoken.get_encoding("gpt2")
         except Exception as err:  # tiktoken raises requests/OS errors when it cannot download
             raise ValueError(
                 "data.tokenizer='gpt2': tiktoken's GPT-2 BPE file is not cached and cannot be downloaded "

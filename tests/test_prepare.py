@@ -1,0 +1,141 @@
+"""ddl-data prepare on several workers: the same bytes whatever their number, a kill at any point resumed
+with no token lost or written twice, the progress line; FineWeb-Edu from local parquet; the loader's windows."""
+
+import json
+import multiprocessing
+import os
+import random
+import signal
+import time
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+import ddl.data.dataset as dataset
+from ddl.data import BatchLoader, DataConfig, open_dataset, prepare
+from ddl.data.bench import write_fineweb_parquet
+from ddl.data.sources import embedded_documents, units
+from tests.conftest import run_cli
+
+SHARD_TOKENS = 20_000     # many shards from a small corpus: their boundaries are what a resume must get right
+
+
+def _words() -> list[str]:
+    return " ".join(embedded_documents()).split()
+
+
+def make_corpus(directory, n_docs: int = 600, seed: int = 0):
+    """English-like documents (the manual's words, shuffled) as .txt files, a .jsonl file and FineWeb-Edu parquet
+    files of small row groups; returns the glob of all of them."""
+    rng, words = random.Random(seed), _words()
+    docs = [" ".join(rng.choices(words, k=rng.randint(150, 900))) for _ in range(n_docs)]
+    directory.mkdir(parents=True, exist_ok=True)
+    for i, doc in enumerate(docs[:20]):
+        (directory / f"a{i:02d}.txt").write_text(doc)
+    (directory / "b.jsonl").write_text("".join(json.dumps({"text": doc}) + "\n" for doc in docs[20:80]))
+    write_fineweb_parquet(directory / "fineweb", docs[80:], rows_per_file=200, row_group_size=40)
+    return str(directory / "**" / "*.*")
+
+
+def dataset_files(path) -> dict[str, bytes]:
+    """Every file the dataset has, but the record of which shards were verified (open_dataset's)."""
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.name != dataset.VERIFIED}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return make_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.mark.parametrize("tokenizer", ["byte", "bpe"])
+def test_the_same_shards_and_manifest_whatever_the_number_of_workers(corpus, tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setattr(dataset, "SHARD_TOKENS", SHARD_TOKENS)
+    cfg = DataConfig(source="files", files=corpus, tokenizer=tokenizer, bpe_vocab=512)
+    assert len(units(cfg)) > 8                                  # work for both workers
+    one = prepare(cfg, root=tmp_path / "one", progress=False, workers=1)
+    two = prepare(cfg, root=tmp_path / "two", progress=False, workers=2)
+    files = dataset_files(one)
+    assert files == dataset_files(two)
+    manifest = json.loads(files["manifest.json"])
+    assert len(manifest["splits"]["train"]["shards"]) >= 4 and manifest["splits"]["val"]["docs"] > 0
+    assert sum(manifest["splits"][s]["docs"] for s in ("train", "val")) == 600
+    if tokenizer == "bpe":                                      # the batched encode is the tokenizer's own encode
+        ds = open_dataset(one)
+        first = next(d for d in _first_docs(corpus) if not dataset.is_val(d, cfg.val_fraction))
+        tokens = ds.train.concatenated()
+        assert tokens[: np.argmax(tokens == 0)].tolist() == ds.tokenizer().encode(first)
+
+
+def _first_docs(corpus):
+    from ddl.data.sources import documents
+    return documents(DataConfig(source="files", files=corpus))
+
+
+def _prepare_in_child(cfg, root, shard_tokens):
+    dataset.SHARD_TOKENS = shard_tokens
+    prepare(cfg, root=root, progress=False, workers=2)
+
+
+def test_a_two_worker_prepare_killed_mid_way_resumes_to_the_same_bytes(corpus, tmp_path, monkeypatch, capfd):
+    """SIGKILL to a 2-worker prepare once it has recorded a shard: its workers exit with it, the lock goes
+    with the process, and the prepare run again resumes there: the same bytes as a build never interrupted."""
+    cfg = DataConfig(source="files", files=corpus, tokenizer="bpe", bpe_vocab=512)
+    root = tmp_path / "killed"
+    progress = root / f"{cfg.dataset_name()}.partial" / dataset.PROGRESS
+    child = multiprocessing.get_context("spawn").Process(target=_prepare_in_child, args=(cfg, root, SHARD_TOKENS))
+    child.start()
+    deadline = time.monotonic() + 120
+    while not progress.is_file() and child.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    started = psutil.Process(child.pid).children()              # the pool's workers (and what multiprocessing
+    commands = [" ".join(p.cmdline()) for p in started]         # may start beside them)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(30)
+    assert child.exitcode == -signal.SIGKILL
+    assert sum("spawn_main" in command for command in commands) == 2
+    gone, alive = psutil.wait_procs(started, timeout=15)        # they notice their parent is gone
+    assert not alive
+    state = json.loads(progress.read_text())
+    assert state["docs_done"] > 0 and not state["finished"]
+    monkeypatch.setattr(dataset, "SHARD_TOKENS", SHARD_TOKENS)
+    resumed = prepare(cfg, root=root, progress=True, workers=2)
+    assert f"resuming {cfg.dataset_name()} at document {state['docs_done']:,}" in capfd.readouterr().err
+    fresh = prepare(cfg, root=tmp_path / "fresh", progress=False, workers=1)
+    assert dataset_files(resumed) == dataset_files(fresh)
+
+
+def test_the_progress_line_shows_tokens_per_second_and_the_eta(corpus, tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("DDL_PROGRESS_S", "0.001")              # off a terminal: a line at every unit
+    monkeypatch.setenv("DDL_HOME", str(tmp_path))
+    out = run_cli("ddl-data", "prepare", "--source", "files", "--files", corpus, "--tokenizer", "byte",
+                  "--workers", "2")
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.splitlines()
+    progress = [line for line in lines if " tokenizing files-byte-" in line]
+    assert len(progress) > 3 and all(" tok/s on 2 workers, ETA 00:00:" in line for line in progress)
+    assert lines[-1].startswith("tokenized files-byte-") and " tok/s on 2 workers" in lines[-1]
+    assert "train" in out.stdout and "unigram cross-entropy" in out.stdout
+
+
+def test_the_loader_reads_the_windows_it_always_read(tmp_path):
+    """A batch is copied from strided views, one copy per shard: the same windows as slicing each row from
+    its shard (what the loader did before, and what checkpoints of earlier runs resume into)."""
+    from ddl.data.dataset import Split
+    shards = []
+    for i, size in enumerate([5000, 300, 7000]):
+        np.arange(i * 10_000, i * 10_000 + size, dtype=np.uint16).tofile(tmp_path / f"s{i}.bin")
+        shards.append({"file": f"s{i}.bin", "tokens": size})
+    split = Split(tmp_path, {"shards": shards, "tokens": 12_300})
+    loader = BatchLoader(split, 8, 512, seed=5, rank=1, world_size=2)
+    rng = np.random.Generator(np.random.PCG64(5))
+    starts = np.cumsum([max(s["tokens"] - 512, 0) for s in shards])
+    for _ in range(20):
+        mine = rng.integers(0, starts[-1], size=16)[8:]
+        ids = np.searchsorted(starts, mine, side="right")
+        offsets = mine - np.concatenate(([0], starts))[ids]
+        expected = torch.from_numpy(np.stack([split.shards[s][o:o + 513] for s, o in zip(ids, offsets, strict=True)])
+                                    .astype(np.int64))
+        x, y = loader.next_batch()
+        assert torch.equal(x, expected[:, :-1]) and torch.equal(y, expected[:, 1:]) and x.dtype == torch.int64
