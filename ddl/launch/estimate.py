@@ -26,6 +26,23 @@ CPU_JOB_SECONDS = 12.0           # per job: start-up (imports, data, MLflow run)
 CPU_EVAL_SECONDS = 15.0          # per evaluation (task@shots) of the offline task, lm-eval included
 
 
+# Data preparation (`python -m ddl.data.bench`, docs/performance.md): tokens a second one worker writes, per
+# tokenizer, and the UTF-8 bytes of text a token holds (FineWeb-Edu-like English prose).
+PREPARE_TOKENS_PER_CORE_S = {"byte": 20e6, "bpe": 600e3, "gpt2": 600e3}
+TEXT_BYTES_PER_TOKEN = {"byte": 1.0, "bpe": 4.0, "gpt2": 4.0}
+
+
+def prepare_seconds(data, cpus: int) -> tuple[float, float]:
+    """(tokens, wall seconds) to prepare the dataset on `cpus` workers: its token budget, or its text's bytes
+    over a token's; at the measured tokens/s of one worker, times the workers."""
+    if data.source == "fineweb_edu":
+        tokens = float(data.fineweb_tokens)
+    else:
+        from ..data.sources import units
+        tokens = sum(unit.size for unit in units(data)) / TEXT_BYTES_PER_TOKEN[data.tokenizer]
+    return tokens, tokens / (PREPARE_TOKENS_PER_CORE_S[data.tokenizer] * max(1, cpus))
+
+
 @dataclass(frozen=True)
 class Cost:
     params: int
