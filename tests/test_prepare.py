@@ -78,6 +78,7 @@ def _prepare_in_child(cfg, root, shard_tokens):
     prepare(cfg, root=root, progress=False, workers=2)
 
 
+@pytest.mark.slow
 def test_a_two_worker_prepare_killed_mid_way_resumes_to_the_same_bytes(corpus, tmp_path, monkeypatch, capfd):
     """SIGKILL to a 2-worker prepare once it has recorded a shard: its workers exit with it, the lock goes
     with the process, and the prepare run again resumes there: the same bytes as a build never interrupted."""
@@ -139,3 +140,74 @@ def test_the_loader_reads_the_windows_it_always_read(tmp_path):
                                     .astype(np.int64))
         x, y = loader.next_batch()
         assert torch.equal(x, expected[:, :-1]) and torch.equal(y, expected[:, 1:]) and x.dtype == torch.int64
+
+
+# -- FineWeb-Edu from local parquet (data=fineweb_edu data.fineweb_name=<glob>) ------------------------------
+@pytest.fixture(scope="module")
+def fineweb(tmp_path_factory):
+    """A small FineWeb-Edu in its real schema: 3 parquet files of 100 rows, row groups of 25."""
+    rng, words = random.Random(1), _words()
+    directory = tmp_path_factory.mktemp("fineweb")
+    write_fineweb_parquet(directory, (" ".join(rng.choices(words, k=rng.randint(200, 600))) for _ in range(300)),
+                          rows_per_file=100, row_group_size=25)
+    return directory
+
+
+@pytest.mark.slow
+def test_fineweb_edu_from_a_local_parquet_glob_trains_a_micro_model(fineweb, ddl_home):
+    from tests.conftest import mlflow_runs
+    glob = str(fineweb / "*.parquet")
+    out = run_cli("ddl-run", "model=micro", "train=smoke", "data=fineweb_edu", f"data.fineweb_name={glob}",
+                  "data.tokenizer=bpe", "data.bpe_vocab=512", "data.val_fraction=0.1", "data.fineweb_tokens=60000",
+                  "experiment=fineweb_local")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    [run] = mlflow_runs("fineweb_local")
+    assert run.info.status == "FINISHED" and run.data.params["data.source"] == "fineweb_edu"
+    [built] = (ddl_home / "data").glob("fineweb_edu-bpe-*/")
+    manifest = json.loads((built / "manifest.json").read_text())
+    assert manifest["source"]["name"] == glob
+    assert 60_000 <= manifest["splits"]["train"]["tokens"] + manifest["splits"]["val"]["tokens"] < 61_000   # budget
+
+
+def _other_column(path, _good: bytes):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"content": ["a lesson about plants " * 30], "id": ["<urn:1>"], "score": [3.0]}), path)
+
+
+def _cut_short(path, good: bytes):
+    path.write_bytes(good[: len(good) // 2])           # a download that stopped half-way
+
+
+def _bad_fineweb(fineweb, directory, bad) -> tuple[str, str]:
+    """Two good files of the set and a bad one beside them (or none at all): (glob, the bad file's prefix)."""
+    if bad is None:
+        return str(directory / "*.parquet"), ""      # an empty folder
+    for source in sorted(fineweb.glob("*.parquet"))[:2]:
+        (directory / source.name).write_bytes(source.read_bytes())
+    bad(directory / "001_99999.parquet", source.read_bytes())
+    return str(directory / "*.parquet"), f"{directory / '001_99999.parquet'}: "
+
+
+@pytest.mark.parametrize("bad, message", [
+    (_other_column, "no 'text' column (its columns: content, id, score)"),
+    (_cut_short, "Parquet magic bytes not found in footer"),
+    (None, "matches no file"),
+])
+def test_each_bad_local_fineweb_input_is_one_line_naming_the_file_and_leaves_nothing(fineweb, bad, message, tmp_path):
+    (tmp_path / "in").mkdir()
+    glob, shown = _bad_fineweb(fineweb, tmp_path / "in", bad)
+    with pytest.raises(ValueError) as refused:
+        prepare(DataConfig(source="fineweb_edu", fineweb_name=glob, tokenizer="bpe"), root=tmp_path / "data",
+                progress=False)
+    assert str(refused.value).startswith(f"data.fineweb_name='{glob}': {shown}{message}")
+    assert "\n" not in str(refused.value) and not any((tmp_path / "data").iterdir())
+
+
+def test_a_damaged_fineweb_file_stops_ddl_run_in_one_line_and_leaves_nothing(fineweb, ddl_home, tmp_path_factory):
+    from tests.test_hostile import assert_nothing_created, assert_one_line
+    glob, shown = _bad_fineweb(fineweb, tmp_path_factory.mktemp("bad_fineweb"), _cut_short)
+    out = run_cli("ddl-run", "model=micro", "train=smoke", "data=fineweb_edu", f"data.fineweb_name={glob}",
+                  "data.tokenizer=byte")
+    assert_one_line(out, "ddl-run: error: ", f"data.fineweb_name='{glob}': {shown}Parquet magic bytes not found")
+    assert_nothing_created(ddl_home)
