@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -103,14 +104,8 @@ def write_fineweb_parquet(directory: Path, docs: Iterable[str], rows_per_file: i
 
 def corpus_docs(megabytes: float) -> Iterator[str]:
     """machine_text(), over again until `megabytes` of UTF-8 (each pass a copy of the same documents)."""
-    docs = list(machine_text())
-    total, limit = 0, megabytes * 1e6
-    while True:
-        for doc in docs:
-            if total >= limit:
-                return
-            total += len(doc.encode("utf-8"))
-            yield doc
+    from .dataset import within_bytes
+    return within_bytes(itertools.cycle(list(machine_text())), int(megabytes * 1e6))
 
 
 # -- prepare ------------------------------------------------------------------------------------
@@ -169,8 +164,10 @@ def gpt2_standin(cfg: DataConfig, scratch: Path):
     to_byte = _byte_decoder()
     ids = {bytes(to_byte[c] for c in token): i for token, i in bpe.get_vocab().items() if token != "<|endoftext|>"}
     ranks = {token: rank for rank, token in enumerate(sorted(ids, key=ids.get))}    # merge order, from 0
-    return GPT2Tokenizer(tiktoken.Encoding("gpt2-standin", pat_str=r50k_pat_str, mergeable_ranks=ranks,
-                                           special_tokens={"<|endoftext|>": len(ranks)}))
+    standin = GPT2Tokenizer(tiktoken.Encoding("gpt2-standin", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                                              special_tokens={"<|endoftext|>": len(ranks)}))
+    standin.vocab_size = len(ranks) + 1          # what this corpus allowed (50,257 at most)
+    return standin
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -228,7 +225,8 @@ def bench_prepare(megabytes: float, workers: int, tokenizers: list[str], scratch
                 load_tokenizer("gpt2")
             except ValueError as err:
                 entry["absent"] = str(err)
-                entry["standin"] = measure_in_process(cfg, gpt2_standin(cfg, scratch))
+                standin = gpt2_standin(cfg, scratch)
+                entry["standin"] = {**measure_in_process(cfg, standin), "table": standin.vocab_size}
                 entry["projection"] = projection(entry["standin"], None)
                 result["tokenizers"][name] = entry
                 continue
@@ -287,7 +285,8 @@ def markdown(result: dict) -> str:
              "| load before-after |", "|---|---|---|---|---|---|---|---|"]
     for name, entry in result["prepare"]["tokenizers"].items():
         for run in entry.get("runs", []) + ([entry["standin"]] if "standin" in entry else []):
-            label = name if "standin" not in entry else f"{name} stand-in (tiktoken, GPT-2's pattern, 50,257 tokens)"
+            label = name if "standin" not in entry else \
+                f"{name} stand-in (tiktoken, GPT-2's pattern, a {entry['standin']['table']:,}-token table)"
             lines.append(f"| {label} | {run['workers']} | {run['tokens']:,} | {run['wall_s']:.1f} | "
                          f"{_rate(run['tokens_per_s'])} | {run['cpu_parent_s']:.1f} + {run['cpu_workers_s']:.1f} | "
                          f"{_rate(run['tokens_per_cpu_s'])} | {run['load_before']:.1f}-{run['load_after']:.1f} |")

@@ -107,12 +107,12 @@ def _tokenizer_for(cfg: DataConfig, work: Path) -> Tokenizer:
     if cfg.tokenizer == "bpe" and not (work / BPETokenizer.FILE).is_file():
         train_docs = (d for d in documents(cfg) if not is_val(d, cfg.val_fraction))
         if cfg.source == "fineweb_edu":   # a stream: train on about the text the token budget keeps
-            train_docs = _within_bytes(train_docs, BPE_BYTES_PER_TOKEN * cfg.fineweb_tokens)
+            train_docs = within_bytes(train_docs, BPE_BYTES_PER_TOKEN * cfg.fineweb_tokens)
         return BPETokenizer.train(train_docs, cfg.bpe_vocab, work / BPETokenizer.FILE)
     return load_tokenizer(cfg.tokenizer, work)
 
 
-def _within_bytes(docs: Iterable[str], limit: int) -> Iterator[str]:
+def within_bytes(docs: Iterable[str], limit: int) -> Iterator[str]:
     """The documents until `limit` UTF-8 bytes have gone by."""
     seen = 0
     for doc in docs:
