@@ -73,19 +73,24 @@ def _first_docs(corpus):
     return documents(DataConfig(source="files", files=corpus))
 
 
-def _prepare_in_child(cfg, root, shard_tokens):
-    dataset.SHARD_TOKENS = shard_tokens
+def _prepare_in_child(cfg, root, shard_tokens, record_every_s):
+    dataset.SHARD_TOKENS, dataset.RECORD_EVERY_S = shard_tokens, record_every_s
     prepare(cfg, root=root, progress=False, workers=2)
 
 
 @pytest.mark.slow
-def test_a_two_worker_prepare_killed_mid_way_resumes_to_the_same_bytes(corpus, tmp_path, monkeypatch, capfd):
-    """SIGKILL to a 2-worker prepare once it has recorded a shard: its workers exit with it, the lock goes
-    with the process, and the prepare run again resumes there: the same bytes as a build never interrupted."""
+@pytest.mark.parametrize("shard_tokens, record_every_s", [(SHARD_TOKENS, 60.0), (dataset.SHARD_TOKENS, 0.0)],
+                         ids=["at-a-shard", "between-shards"])
+def test_a_two_worker_prepare_killed_mid_way_resumes_to_the_same_bytes(corpus, shard_tokens, record_every_s, tmp_path,
+                                                                       monkeypatch, capfd):
+    """SIGKILL to a 2-worker prepare once it has recorded its position (with a shard; or between shards, its
+    buffers saved): its workers exit with it, the lock goes with the process, and the prepare run again
+    resumes there: the same bytes as a build never interrupted."""
     cfg = DataConfig(source="files", files=corpus, tokenizer="bpe", bpe_vocab=512)
     root = tmp_path / "killed"
     progress = root / f"{cfg.dataset_name()}.partial" / dataset.PROGRESS
-    child = multiprocessing.get_context("spawn").Process(target=_prepare_in_child, args=(cfg, root, SHARD_TOKENS))
+    child = multiprocessing.get_context("spawn").Process(target=_prepare_in_child,
+                                                         args=(cfg, root, shard_tokens, record_every_s))
     child.start()
     deadline = time.monotonic() + 120
     while not progress.is_file() and child.is_alive() and time.monotonic() < deadline:
@@ -100,11 +105,13 @@ def test_a_two_worker_prepare_killed_mid_way_resumes_to_the_same_bytes(corpus, t
     assert not alive
     state = json.loads(progress.read_text())
     assert state["docs_done"] > 0 and not state["finished"]
-    monkeypatch.setattr(dataset, "SHARD_TOKENS", SHARD_TOKENS)
+    assert bool(state["pending"]["train"]) == (shard_tokens > SHARD_TOKENS)      # what the resume starts from
+    monkeypatch.setattr(dataset, "SHARD_TOKENS", shard_tokens)
     resumed = prepare(cfg, root=root, progress=True, workers=2)
     assert f"resuming {cfg.dataset_name()} at document {state['docs_done']:,}" in capfd.readouterr().err
     fresh = prepare(cfg, root=tmp_path / "fresh", progress=False, workers=1)
     assert dataset_files(resumed) == dataset_files(fresh)
+    assert not list(resumed.glob("pending_*"))
 
 
 def test_the_progress_line_shows_tokens_per_second_and_the_eta(corpus, tmp_path, monkeypatch, capfd):

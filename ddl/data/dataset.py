@@ -6,7 +6,9 @@
     <root>/<name>/tokenizer.json    (bpe only)
 
 `prepare` builds into `<name>.partial/` under a file lock, records its progress after every
-flushed shard (so an interrupted prepare resumes there), and renames the directory at the end.
+flushed shard and, between shards, about every second with the next shards' tokens so far
+(`pending_<split>.tokens`), so an interrupted prepare resumes there; it renames the directory
+at the end.
 Its workers tokenize the source's units in parallel (ddl.data.parallel); the parent writes the
 documents in the source's order, so the shards and the manifest are the same bytes whatever the
 number of workers, and whether or not the build was interrupted.
@@ -22,6 +24,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -42,6 +45,7 @@ MANIFEST = "manifest.json"
 PROGRESS = "progress.json"
 VERIFIED = "verified.json"   # shard -> (size, mtime) whose sha256 matched the manifest's
 SHARD_TOKENS = 1 << 24  # 32 MiB of uint16 per shard
+RECORD_EVERY_S = 1.0    # between two flushes, the position and the buffers are saved at most this often
 SPLITS = ("train", "val")
 BPE_BYTES_PER_TOKEN = 4   # about what a BPE token of English text holds
 
@@ -79,10 +83,27 @@ def _still_named(handle, path: Path) -> bool:
 
 
 class _SplitWriter:
-    def __init__(self, work: Path, split: str, state: dict):
+    """A split's shards, and its buffer of the next one: saved as it grows to `pending_<split>.tokens` (the
+    first `kept` tokens of which an interrupted build had recorded)."""
+
+    def __init__(self, work: Path, split: str, state: dict, kept: int = 0):
         self.work, self.split, self.state = work, split, state  # state: shards, tokens, bytes, docs
-        self.buffer: list[np.ndarray] = []
-        self.buffered = 0
+        self.pending = work / f"pending_{split}.tokens"
+        if self.pending.exists():
+            os.truncate(self.pending, 2 * kept)                 # what a kill appended after the record goes
+        self.buffer: list[np.ndarray] = [np.fromfile(self.pending, np.uint16)] if kept else []
+        self.buffered, self.saved = kept, len(self.buffer)      # tokens; buffer entries in the pending file
+
+    def save(self) -> int:
+        """The buffer's entries not yet in the pending file appended to it, fsynced; the tokens it then holds."""
+        if self.saved < len(self.buffer):
+            with open(self.pending, "ab") as file:
+                for tokens in self.buffer[self.saved:]:
+                    file.write(tokens.tobytes())
+                file.flush()
+                os.fsync(file.fileno())
+            self.saved = len(self.buffer)
+        return self.buffered
 
     def add(self, tokens: np.ndarray, n_bytes: int) -> None:
         """A document's tokens, its eot included."""
@@ -100,7 +121,7 @@ class _SplitWriter:
         self.state["shards"].append({"file": name, "tokens": int(tokens.size),
                                      "sha256": hashlib.sha256(tokens.tobytes()).hexdigest()})
         self.state["tokens"] += int(tokens.size)
-        self.buffer, self.buffered = [], 0
+        self.buffer, self.buffered, self.saved = [], 0, 0      # the pending file goes once this is recorded
 
 
 def _tokenizer_for(cfg: DataConfig, work: Path) -> Tokenizer:
@@ -124,12 +145,13 @@ def within_bytes(docs: Iterable[str], limit: int) -> Iterator[str]:
 
 def _progress(work: Path) -> dict:
     """Where an interrupted build stopped: after `docs_done` documents, the first `unit_docs` of unit `unit`
-    (every shard up to there flushed); a fresh state when there is none, or one of an older layout. A shard
-    written after the last record, or a temp file a kill left, goes: it is written again."""
+    (shards flushed up to there, the next ones' first `pending` tokens saved); a fresh state when there is
+    none, or one of an older layout. A shard written after the last record, or a temp file a kill left,
+    goes: it is written again."""
     path = work / PROGRESS
     state = json.loads(path.read_text()) if path.is_file() else {}
     if "unit" not in state:
-        state = {"docs_done": 0, "unit": 0, "unit_docs": 0, "finished": False,
+        state = {"docs_done": 0, "unit": 0, "unit_docs": 0, "finished": False, "pending": {s: 0 for s in SPLITS},
                  **{s: {"shards": [], "tokens": 0, "bytes": 0, "docs": 0} for s in SPLITS}}
     recorded = {shard["file"] for s in SPLITS for shard in state[s]["shards"]}
     for stale in [*work.glob("*.bin"), *work.glob(".*.tmp")]:
@@ -140,24 +162,33 @@ def _progress(work: Path) -> dict:
 
 class _Build:
     """One build of a dataset into `work`, resumed where progress.json says: the source's documents go to the
-    shards in its order, both splits flushed together as soon as train's buffer reaches SHARD_TOKENS, the
-    position (unit, documents of it) recorded with them."""
+    shards in its order, both splits flushed together as soon as train's buffer reaches SHARD_TOKENS. The
+    position (unit, documents of it) is recorded with each flush and, between them, at most every
+    RECORD_EVERY_S after a unit, with the buffers saved: a kill loses at most that much work."""
 
     def __init__(self, cfg: DataConfig, work: Path):
         self.cfg, self.work = cfg, work
         self.state = _progress(work)
-        self.writers = {s: _SplitWriter(work, s, self.state[s]) for s in SPLITS}
+        kept = self.state.get("pending", {})
+        self.writers = {s: _SplitWriter(work, s, self.state[s], kept.get(s, 0)) for s in SPLITS}
         self.budget = cfg.fineweb_tokens if cfg.source == "fineweb_edu" else None
 
     @property
     def written(self) -> int:
         return sum(self.state[s]["tokens"] + self.writers[s].buffered for s in SPLITS)
 
+    def record(self, unit: int, unit_docs: int) -> None:
+        """The position, with the buffers' tokens saved first (their count recorded)."""
+        self.state["pending"] = {s: writer.save() for s, writer in self.writers.items()}
+        self.state["unit"], self.state["unit_docs"] = unit, unit_docs
+        _write_json(self.work / PROGRESS, self.state)
+
     def checkpoint(self, unit: int, unit_docs: int) -> None:
         for writer in self.writers.values():
             writer.flush()
-        self.state["unit"], self.state["unit_docs"] = unit, unit_docs
-        _write_json(self.work / PROGRESS, self.state)
+        self.record(unit, unit_docs)
+        for writer in self.writers.values():
+            writer.pending.unlink(missing_ok=True)
 
     def run(self, workers: int, progress: bool) -> dict:
         tokenizer = _tokenizer_for(self.cfg, self.work)
@@ -190,7 +221,7 @@ class _Build:
         """Every document after the recorded position, in order, to its split's writer (until the budget)."""
         state, written = self.state, self.written
         first, skip = state["unit"], state["unit_docs"]
-        position = (first, skip)
+        position, recorded = (first, skip), time.monotonic()
         with contextlib.closing(tokenized(itertools.islice(source, first, None), self.cfg, self.work,
                                           workers)) as chunks:
             for index, chunk in enumerate(chunks, start=first):
@@ -210,6 +241,9 @@ class _Build:
                 meter.update(written, chunk.size)
                 if position[1]:
                     break
+                if time.monotonic() - recorded >= RECORD_EVERY_S:
+                    self.record(*position)
+                    recorded = time.monotonic()
         self.checkpoint(*position)
 
 
