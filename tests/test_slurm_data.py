@@ -2,14 +2,18 @@
 training jobs submitted with --dependency=afterok on it; a prepare job killed mid-way, or failing, fails its
 jobs with its line (cancelled, none left pending), and the sweep run again resumes the preparation."""
 
+import contextlib
+import json
 import re
 import subprocess
 import threading
 import time
 
+import psutil
 import pytest
 
 from ddl.data import DataConfig, prepare
+from ddl.data.sources import units
 from tests.conftest import mlflow_runs, run_cli
 from tests.test_prepare import dataset_files, make_corpus
 from tests.test_slurm import MICRO, SLURM
@@ -65,6 +69,18 @@ class QueueWatch(threading.Thread):
         self.join(10)
 
 
+def _kill_job_processes(job_id: str) -> None:
+    """SIGKILL to the job's Python process on its node, as the OOM killer or a failing node would (scancel
+    would give it KillWait seconds, in which a small preparation may end)."""
+    for process in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if "submitit.core._submit" in (process.info["cmdline"] or ()) and \
+                    process.environ().get("SLURM_JOB_ID") == job_id:
+                process.kill()
+                return
+    raise AssertionError(f"no process of job {job_id} to kill")
+
+
 def _fresh(corpus: str, tmp_path):
     return prepare(DataConfig(source="files", files=corpus, tokenizer="bpe", bpe_vocab=512), root=tmp_path / "fresh",
                    progress=False, workers=1)
@@ -97,18 +113,20 @@ def test_a_sweep_whose_data_is_missing_prepares_it_in_one_cpu_job_its_jobs_depen
 
 @pytest.mark.slow
 def test_a_prepare_job_killed_mid_way_fails_its_jobs_and_the_sweep_run_again_resumes_it(slurm, ddl_home, tmp_path):
-    corpus = make_corpus(tmp_path / "corpus", n_docs=1500)
+    corpus = make_corpus(tmp_path / "corpus", n_docs=5000)
     sweep = _sweep(corpus, "data_killed")
-    name = DataConfig(source="files", files=corpus, tokenizer="bpe", bpe_vocab=512).dataset_name()
+    cfg = DataConfig(source="files", files=corpus, tokenizer="bpe", bpe_vocab=512)
+    name, last = cfg.dataset_name(), len(units(cfg))
     progress = ddl_home / "data" / f"{name}.partial" / "progress.json"
     killed: list = []
 
-    def kill_once_it_recorded_a_shard(queue):
-        if not killed and progress.is_file() and queue.prepare_jobs():
-            killed.append(queue.prepare_jobs()[0])
-            subprocess.run(["scancel", "--signal=KILL", killed[0]], check=True)
+    def kill_once_it_recorded_its_position(queue):     # mid-way: not at the last units
+        with contextlib.suppress(OSError, ValueError):    # (renamed away as it finished)
+            if not killed and queue.prepare_jobs() and json.loads(progress.read_text())["unit"] < last - 4:
+                killed.append(queue.prepare_jobs()[0])
+                _kill_job_processes(killed[0])
 
-    with QueueWatch(kill_once_it_recorded_a_shard):
+    with QueueWatch(kill_once_it_recorded_its_position):
         out = run_cli(*sweep, timeout=400, env_extra={**WIDE, "DDL_LOST_AFTER_S": "3"})
     said = out.stdout + out.stderr
     assert killed and out.returncode == 1, said[-4000:]

@@ -223,6 +223,8 @@ class SweepLauncher(BaseSubmititLauncher):
                 for prepare in waits.values():
                     if prepare.poll():
                         data_jobs.report(prepare)
+                        if prepare.done:
+                            data_jobs.release([h.job_id for sig, h in running.items() if prepared_by[sig] is prepare])
                     if prepare.error:
                         pending = self.fail_waiting(prepare, pending, running, prepared_by, outcomes)
                 for signature, state in watch.lost(_on_cluster(running)).items():
