@@ -99,14 +99,21 @@ def prepare_here(needs: list[DataNeed]) -> None:
             raise ConfigError(str(err)) from None
 
 
-def prepare_job(data: dict, workers: int) -> str:
-    """What a prepare job runs: the dataset, prepared on the job's CPUs (a requeued job resumes it)."""
-    from ..data import prepare
-    return str(prepare(DataConfig(**data), workers=workers))
+class PrepareTask:
+    """What a prepare job runs: the dataset, prepared on the job's CPUs. A submitit Checkpointable: a job
+    that times out is requeued, and its build resumes."""
+
+    def __call__(self, data: dict, workers: int) -> str:
+        from ..data import prepare
+        return str(prepare(DataConfig(**data), workers=workers))
+
+    def checkpoint(self, data: dict, workers: int):
+        import submitit
+        return submitit.helpers.DelayedSubmission(self, data, workers)
 
 
 class PrepareJob:
-    """A submitted prepare job: its state as the sweep sees it, and the job ids waiting on it."""
+    """A submitted prepare job, as the sweep sees it: running, done, or ended with an error line."""
 
     def __init__(self, need: DataNeed, handle):
         from . import cluster
@@ -169,22 +176,11 @@ def submit(launcher, needs: list[DataNeed]) -> dict[str, PrepareJob]:
     cpus, jobs = prepare_cpus(launcher), {}
     for need in needs:
         tokens, seconds = estimate(need, cpus)
-        handle = executor.submit(_Resumable(), need.data.to_dict(), cpus)
+        handle = executor.submit(PrepareTask(), need.data.to_dict(), cpus)
         jobs[need.name] = PrepareJob(need, handle)
         print(f"ddl-run: {need.name} is not prepared: SLURM job {handle.job_id} prepares it (~{tokens:.3g} tokens, "
               f"{about(seconds)} on {plural(cpus, 'CPU')}); {plural(len(need.jobs), 'job')} wait on it", flush=True)
     return jobs
-
-
-class _Resumable:
-    """prepare_job as a submitit Checkpointable: a job that times out or is preempted is requeued, and resumes."""
-
-    def __call__(self, data: dict, workers: int) -> str:
-        return prepare_job(data, workers)
-
-    def checkpoint(self, data: dict, workers: int):
-        import submitit
-        return submitit.helpers.DelayedSubmission(self, data, workers)
 
 
 def cancel(job_ids: list[str]) -> None:
@@ -202,6 +198,7 @@ def release(job_ids: list[str]) -> None:
 
 
 def report(prepare: PrepareJob) -> None:
+    """The sweep's line when a prepare job ends."""
     if prepare.error:
         print(f"ddl-run: {prepare.need.name}: {prepare.error}", file=sys.stderr, flush=True)
     else:
