@@ -193,8 +193,9 @@ def release(job_ids: list[str]) -> None:
     """Their dataset is prepared: the jobs' dependency cleared, lest SLURM keep them pending for ever where the
     prepare job wrote its result yet ended otherwise than COMPLETED (cancelled as it finished). A job that
     started already refuses the update; nothing else changes."""
-    for job_id in job_ids:
-        subprocess.run(["scontrol", "update", f"JobId={job_id}", "Dependency="], capture_output=True, timeout=60)
+    if job_ids:
+        subprocess.run(["scontrol", "update", f"JobId={','.join(job_ids)}", "Dependency="], capture_output=True,
+                       timeout=60)
 
 
 def report(prepare: PrepareJob) -> None:
