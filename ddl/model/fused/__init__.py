@@ -289,34 +289,50 @@ FusedRankOneRead = _keeping_inputs("FusedRankOneRead", "rank_one",
 FusedExpand = _keeping_inputs("FusedExpand", "expand",
                               "expand_state: x (B,T,d), E (dv,d,L) -> the EC state (B,T,dv,d).")
 
+MAX_FOLDED_MAPS = 32   # gate and value maps folded into the norm's row kernel on CUDA; a wider map is a matmul
+
+
 def norm_projections(x, weight, W_c, W_x, eps: float):
     """(c, c W_c^T, x W_x^T) with c = rms_norm(x) * weight: a sublayer's RMSNorm with the gates that
-    read its output and its input. On CPU one fused op (its backward adds the gates' gradients
-    into the norm's instead of writing and summing separate ones); elsewhere the plain ops."""
-    if _runs_cpp(x):
-        return FusedNormProjections.apply(x, weight, W_c, W_x, eps)
-    return eager.norm_projections(x, weight, W_c, W_x, eps)
+    read its output and its input, in one op where the loops have one (C++ on CPU, Triton on CUDA; its
+    backward adds the gates' gradients into the norm's instead of writing and summing separate ones),
+    else the plain ops. On CUDA a map of c wider than MAX_FOLDED_MAPS (the MLP gate's) runs as a matmul."""
+    loops = loops_for(x)
+    if loops is eager:
+        return eager.norm_projections(x, weight, W_c, W_x, eps)
+    if loops is torch.ops.ddl_triton and W_c.size(0) > MAX_FOLDED_MAPS:
+        c, _, l_x = FusedNormProjections.apply(x, weight, W_c[:0], W_x, eps)
+        return c, torch.nn.functional.linear(c, W_c), l_x
+    return FusedNormProjections.apply(x, weight, W_c, W_x, eps)
 
 
 class FusedNormProjections(torch.autograd.Function):
-    """norm_projections in C++, in at least fp32; keeps x and rho = 1/sqrt(mean(x^2) + eps) for backward."""
+    """norm_projections in one op each way, in at least fp32: c in autocast's dtype where it is on (what the
+    sublayer's matmuls read), else in x's; the maps' outputs in the computing dtype. Keeps x and
+    rho = 1/sqrt(mean(x^2) + eps) for backward."""
 
     @staticmethod
     def forward(ctx, x, weight, W_c, W_x, eps: float):
-        with torch.autocast(x.device.type, enabled=False):
-            acc = at_least_fp32(x.dtype)
-            inputs = [t.to(acc) for t in (x, weight, W_c, W_x)]
-            c, l_c, l_x, rho = torch.ops.ddl_delta.norm_forward(*inputs, eps)
+        device = x.device.type
+        c_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        loops = loops_for(x)
+        with torch.autocast(device, enabled=False):
+            inputs = computing(loops, at_least_fp32(x.dtype), x, weight, W_c, W_x)
+            if loops is torch.ops.ddl_triton:
+                c, l_c, l_x, rho = loops.norm_forward(*inputs, eps, c_dtype)
+            else:
+                c, l_c, l_x, rho = loops.norm_forward(*inputs, eps)
         ctx.save_for_backward(*inputs, rho)
         ctx.dtypes = [t.dtype for t in (x, weight, W_c, W_x)]
-        return cast(c, x.dtype), l_c, l_x
+        return cast(c, c_dtype), l_c, l_x
 
     @staticmethod
     def backward(ctx, g_c, g_lc, g_lx):
         x, weight, W_c, W_x, rho = ctx.saved_tensors
+        loops = loops_for(x)
         shapes = (x.shape, x.shape[:-1] + W_c.shape[:1], x.shape[:-1] + W_x.shape[:1])
-        grads = [x.new_zeros(shape) if g is None else g.to(x.dtype)
+        grads = [x.new_zeros(shape) if g is None else computing(loops, x.dtype, g)[0]
                  for g, shape in zip((g_c, g_lc, g_lx), shapes, strict=True)]
         with torch.autocast(x.device.type, enabled=False):
-            g_x, g_weight, g_Wc, g_Wx = torch.ops.ddl_delta.norm_backward(*grads, x, weight, W_c, W_x, rho)
-        return *(g.to(dtype) for g, dtype in zip((g_x, g_weight, g_Wc, g_Wx), ctx.dtypes, strict=True)), None
+            g_x, g_weight, g_Wc, g_Wx = loops.norm_backward(*grads, x, weight, W_c, W_x, rho)
+        return *(cast(g, dtype) for g, dtype in zip((g_x, g_weight, g_Wc, g_Wx), ctx.dtypes, strict=True)), None

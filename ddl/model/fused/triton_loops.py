@@ -59,6 +59,26 @@ def _update_axes(dv, d, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def _state_row(X, n, sXn, sXj, j, i, in_tile):
+    """Token n's (dv, d) row of a state with strides sXn (tokens) and sXj (channels; 0: a repeated embedding), fp32."""
+    return tl.load(X + n * sXn + j[:, None] * sXj + i[None, :], mask=in_tile, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _mid_row(X, h_a, w_a, n, sXn, sXj, j, i, in_dv, in_d, in_tile, dv, d):
+    """Token n's mid-block state X + w_a k~_a^T, rebuilt in registers (fp32)."""
+    k_a = tl.load(h_a + n * d + i, mask=in_d, other=0.0).to(tl.float32)
+    w_n = tl.load(w_a + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
+    return _state_row(X, n, sXn, sXj, j, i, in_tile) + w_n[:, None] * k_a[None, :]
+
+
+@triton.jit
+def _taps_at(A, lag, j, i, in_tile, L, d):
+    """The (dv, d) taps A[:, :, L-1-lag] of one lag, fp32; A (dv,d,L) contiguous."""
+    return tl.load(A + (j[:, None] * d + i[None, :]) * L + (L - 1 - lag), mask=in_tile, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _step_saved(rho, q, g_w, row, j, in_dv, dv, HAS_G_W: tl.constexpr):
     """What one update's forward saved (rho, q) and dL/dw (zero without g_w), as fp32."""
     r = tl.load(rho + row).to(tl.float32)
@@ -103,28 +123,80 @@ def _step_backward(G_n, g_w_n, X_n, k, b, v_n, r, q_n):
 
 
 @triton.jit
-def _update_forward_kernel(X, h, beta, v, X_new, w, rho, q, eps2, dv, d,
-                           BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
-    n, j, i, in_dv, in_d, tile, in_tile = _update_axes(dv, d, BLOCK_DV, BLOCK_D)
-    X_n = tl.load(X + tile, mask=in_tile, other=0.0).to(tl.float32)
-    k, b, v_n = _step_inputs(h, beta, v, n, j, i, in_dv, in_d, dv, d)
-    X_n, w_n, r, q_n = _step_forward(X_n, k, b, v_n, eps2)
-    tl.store(X_new + tile, X_n.to(X_new.dtype.element_ty), mask=in_tile)
-    tl.store(w + n * dv + j, w_n.to(w.dtype.element_ty), mask=in_dv)
-    tl.store(q + n * dv + j, q_n.to(q.dtype.element_ty), mask=in_dv)
-    tl.store(rho + n, r.to(rho.dtype.element_ty))
+def _store_step(w, rho, q, w_n, r, q_n, row, j, in_dv, dv):
+    tl.store(w + row * dv + j, w_n.to(w.dtype.element_ty), mask=in_dv)
+    tl.store(q + row * dv + j, q_n.to(q.dtype.element_ty), mask=in_dv)
+    tl.store(rho + row, r.to(rho.dtype.element_ty))
 
 
 @triton.jit
-def _update_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, dv, d,
+def _update_forward_kernel(X, h, beta, v, X_new, w, rho, q, eps2, sXn, sXj, dv, d, STORE_STATE: tl.constexpr,
+                           BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One update per token: X_new (when STORE_STATE; else only w, rho, q: DeltaKey's), w, rho, q."""
+    n, j, i, in_dv, in_d, tile, in_tile = _update_axes(dv, d, BLOCK_DV, BLOCK_D)
+    X_n = _state_row(X, n, sXn, sXj, j, i, in_tile)
+    k, b, v_n = _step_inputs(h, beta, v, n, j, i, in_dv, in_d, dv, d)
+    X_n, w_n, r, q_n = _step_forward(X_n, k, b, v_n, eps2)
+    if STORE_STATE:
+        tl.store(X_new + tile, X_n.to(X_new.dtype.element_ty), mask=in_tile)
+    _store_step(w, rho, q, w_n, r, q_n, n, j, in_dv, dv)
+
+
+@triton.jit
+def _update_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, sXn, sXj, dv, d,
                             HAS_G_W: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
     n, j, i, in_dv, in_d, tile, in_tile = _update_axes(dv, d, BLOCK_DV, BLOCK_D)
-    X_n = tl.load(X + tile, mask=in_tile, other=0.0).to(tl.float32)
+    X_n = _state_row(X, n, sXn, sXj, j, i, in_tile)
     k, b, v_n = _step_inputs(h, beta, v, n, j, i, in_dv, in_d, dv, d)
     G_n = tl.load(G + tile, mask=in_tile, other=0.0).to(tl.float32)
     r, q_n, g_w_n = _step_saved(rho, q, g_w, n, j, in_dv, dv, HAS_G_W)
     g_X_n, g_k, g_b, g_res = _step_backward(G_n, g_w_n, X_n, k, b, v_n, r, q_n)
     tl.store(g_X + tile, g_X_n.to(g_X.dtype.element_ty), mask=in_tile)
+    _store_step_grads(g_h, g_beta, g_v, g_k, g_b, g_res, n, j, i, in_dv, in_d, dv, d)
+
+
+# ---- a d_v > 1 block's second update (DeltaWrite): the mid state X + w_a k~_a^T rebuilt per token, updated, and
+# read by the next block's taps A over the last L tokens (each recomputed where the read needs it) ----
+
+@triton.jit
+def _write_forward_kernel(X, h_a, w_a, h, beta, v, A, X_new, w, rho, q, x_next, eps2, sXn, sXj, T, L, dv, d,
+                          STORE_STATE: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    n, j, i, in_dv, in_d, tile, in_tile = _update_axes(dv, d, BLOCK_DV, BLOCK_D)
+    read = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for back in range(L):
+        lag = L - 1 - back                                        # oldest first; lag 0 (this token) last
+        if lag <= n % T:                                          # t - lag within the sequence
+            s = n - lag
+            X_mid = _mid_row(X, h_a, w_a, s, sXn, sXj, j, i, in_dv, in_d, in_tile, dv, d)
+            k, b, v_s = _step_inputs(h, beta, v, s, j, i, in_dv, in_d, dv, d)
+            X_out, w_s, r, q_s = _step_forward(X_mid, k, b, v_s, eps2)
+            read += tl.sum(_taps_at(A, lag, j, i, in_tile, L, d) * X_out, axis=0)
+            if lag == 0:
+                if STORE_STATE:
+                    tl.store(X_new + tile, X_out.to(X_new.dtype.element_ty), mask=in_tile)
+                _store_step(w, rho, q, w_s, r, q_s, n, j, in_dv, dv)
+    tl.store(x_next + n * d + i, read.to(x_next.dtype.element_ty), mask=in_d)
+
+
+@triton.jit
+def _write_backward_kernel(G, g_w, g_next, X, h_a, w_a, h, beta, v, rho, q, A, G_mid, g_h, g_beta, g_v, sXn, sXj, T,
+                           L, dv, d, HAS_G: tl.constexpr, HAS_G_W: tl.constexpr, BLOCK_DV: tl.constexpr,
+                           BLOCK_D: tl.constexpr):
+    """dL/dX_out (G, or zero) plus the read's sum over lag of A_lag * g_next[t+lag], then the update's backward at the
+    rebuilt mid state: dL/dX_mid, dL/dk~, dL/dbeta, dL/dv. (The taps' gradient: _write_taps_kernel.)"""
+    n, j, i, in_dv, in_d, tile, in_tile = _update_axes(dv, d, BLOCK_DV, BLOCK_D)
+    G_n = tl.zeros((BLOCK_DV, BLOCK_D), dtype=tl.float32)
+    if HAS_G:
+        G_n += tl.load(G + tile, mask=in_tile, other=0.0).to(tl.float32)
+    for lag in range(L):
+        if n % T + lag < T:                                       # X_out[t] feeds the read at t + lag
+            g_ahead = tl.load(g_next + (n + lag) * d + i, mask=in_d, other=0.0).to(tl.float32)
+            G_n += _taps_at(A, lag, j, i, in_tile, L, d) * g_ahead[None, :]
+    X_mid = _mid_row(X, h_a, w_a, n, sXn, sXj, j, i, in_dv, in_d, in_tile, dv, d)
+    k, b, v_n = _step_inputs(h, beta, v, n, j, i, in_dv, in_d, dv, d)
+    r, q_n, g_w_n = _step_saved(rho, q, g_w, n, j, in_dv, dv, HAS_G_W)
+    G_n, g_k, g_b, g_res = _step_backward(G_n, g_w_n, X_mid, k, b, v_n, r, q_n)
+    tl.store(G_mid + tile, G_n.to(G_mid.dtype.element_ty), mask=in_tile)
     _store_step_grads(g_h, g_beta, g_v, g_k, g_b, g_res, n, j, i, in_dv, in_d, dv, d)
 
 
@@ -307,6 +379,80 @@ def _expand_backward_kernel(g, x, E, g_x, partials, N, T, L, dv, d, TOKENS: tl.c
     _store_tap_partial(partials, acc, lag, j, i, in_L, in_dv, in_d, L, dv, d)
 
 
+@triton.jit
+def _write_taps_kernel(g_next, X, h_a, w_a, h, beta, v, rho, q, partials, sXn, sXj, N, T, L, dv, d,
+                       TOKENS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    """DeltaWrite's taps' partial sum_t X_out[t, j] * g_next[t+lag], X_out = X + w_a k~_a^T + w k~^T rebuilt per feature
+    block (w = beta rho (v - rho q) from the saved rho, q)."""
+    lag, j, i, in_L, in_dv, in_d, acc, first, last = _chunk_start(N, L, dv, d, TOKENS, BLOCK_L, BLOCK_DV, BLOCK_D)
+    in_tile = in_dv[:, None] & in_d[None, :]
+    for n in range(first, last):
+        g_ahead = _rows_at(g_next, n, lag, in_L & (n % T + lag < T), i, in_d, d)      # g_next[t + lag] (lag, i)
+        k = tl.load(h + n * d + i, mask=in_d, other=0.0).to(tl.float32)
+        b, r = tl.load(beta + n).to(tl.float32), tl.load(rho + n).to(tl.float32)
+        v_n = tl.load(v + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
+        q_n = tl.load(q + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
+        X_out = _mid_row(X, h_a, w_a, n, sXn, sXj, j, i, in_dv, in_d, in_tile, dv, d)
+        X_out += (b * r * (v_n - r * q_n))[:, None] * k[None, :]
+        acc += X_out[None, :, :] * g_ahead[:, None, :]
+    _store_tap_partial(partials, acc, lag, j, i, in_L, in_dv, in_d, L, dv, d)
+
+
+# ---- a sublayer's RMSNorm with the gates' maps of its output and input (norm_projections): one row a program ----
+
+@triton.jit
+def _norm_forward_kernel(x, g, W_c, W_x, c, l_c, l_x, rho, eps, nc, nx, d, BLOCK_C: tl.constexpr,
+                         BLOCK_X: tl.constexpr, BLOCK_D: tl.constexpr):
+    """c = x rho g, rho = 1/sqrt(mean(x^2) + eps); l_c = c W_c^T and l_x = x W_x^T from the fp32 c and x."""
+    n = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK_D)
+    in_d = i < d
+    x_n = tl.load(x + n * d + i, mask=in_d, other=0.0).to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(x_n * x_n) / d + eps)
+    c_n = x_n * r * tl.load(g + i, mask=in_d, other=0.0).to(tl.float32)
+    tl.store(c + n * d + i, c_n.to(c.dtype.element_ty), mask=in_d)
+    tl.store(rho + n, r)
+    kc, kx = tl.arange(0, BLOCK_C), tl.arange(0, BLOCK_X)
+    W_cn = tl.load(W_c + kc[:, None] * d + i[None, :], mask=(kc < nc)[:, None] & in_d[None, :], other=0.0)
+    tl.store(l_c + n * nc + kc, tl.sum(W_cn.to(tl.float32) * c_n[None, :], axis=1), mask=kc < nc)
+    W_xn = tl.load(W_x + kx[:, None] * d + i[None, :], mask=(kx < nx)[:, None] & in_d[None, :], other=0.0)
+    tl.store(l_x + n * nx + kx, tl.sum(W_xn.to(tl.float32) * x_n[None, :], axis=1), mask=kx < nx)
+
+
+@triton.jit
+def _norm_backward_kernel(g_c, g_lc, g_lx, x, g, W_c, W_x, rho, g_x, partials, N, nc, nx, d, TOKENS: tl.constexpr,
+                          BLOCK_C: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dL/dx per token; this chunk's partial sums of dL/dg, dL/dW_c, dL/dW_x, stored (1 + nc + nx, d) at
+    partials[chunk]. With G = dL/dc + W_c^T dL/dl_c: dL/dx = rho G g - rho^3 x (G g . x) / d + W_x^T dL/dl_x."""
+    i = tl.arange(0, BLOCK_D)
+    in_d = i < d
+    kc, kx = tl.arange(0, BLOCK_C), tl.arange(0, BLOCK_X)
+    in_c, in_x = (kc < nc)[:, None] & in_d[None, :], (kx < nx)[:, None] & in_d[None, :]
+    gain = tl.load(g + i, mask=in_d, other=0.0).to(tl.float32)
+    W_cn = tl.load(W_c + kc[:, None] * d + i[None, :], mask=in_c, other=0.0).to(tl.float32)
+    W_xn = tl.load(W_x + kx[:, None] * d + i[None, :], mask=in_x, other=0.0).to(tl.float32)
+    g_gain = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    g_Wc = tl.zeros((BLOCK_C, BLOCK_D), dtype=tl.float32)
+    g_Wx = tl.zeros((BLOCK_X, BLOCK_D), dtype=tl.float32)
+    first = tl.program_id(0).to(tl.int64) * TOKENS
+    for n in range(first, tl.minimum(first + TOKENS, N)):
+        x_n = tl.load(x + n * d + i, mask=in_d, other=0.0).to(tl.float32)
+        r = tl.load(rho + n).to(tl.float32)
+        a_c = tl.load(g_lc + n * nc + kc, mask=kc < nc, other=0.0).to(tl.float32)
+        a_x = tl.load(g_lx + n * nx + kx, mask=kx < nx, other=0.0).to(tl.float32)
+        G = tl.load(g_c + n * d + i, mask=in_d, other=0.0).to(tl.float32) + tl.sum(a_c[:, None] * W_cn, axis=0)
+        slope = -r * r * r * tl.sum(G * gain * x_n) / d
+        g_x_n = r * G * gain + slope * x_n + tl.sum(a_x[:, None] * W_xn, axis=0)
+        tl.store(g_x + n * d + i, g_x_n.to(g_x.dtype.element_ty), mask=in_d)
+        g_gain += G * x_n * r
+        g_Wc += (a_c * r)[:, None] * (x_n * gain)[None, :]
+        g_Wx += a_x[:, None] * x_n[None, :]
+    rows = partials + tl.program_id(0).to(tl.int64) * (1 + nc + nx) * d
+    tl.store(rows + i, g_gain, mask=in_d)
+    tl.store(rows + (1 + kc[:, None]) * d + i[None, :], g_Wc, mask=in_c)
+    tl.store(rows + (1 + nc + kx[:, None]) * d + i[None, :], g_Wx, mask=in_x)
+
+
 # ---- the ops ----
 
 def _update_grid(dv: int, d: int) -> dict:
@@ -325,14 +471,15 @@ def _by_token(kernel, tensors: tuple, B: int, T: int, L: int, dv: int, d: int) -
     wrap_triton(kernel)[(B * T, triton.cdiv(d, _block_d(d)))](*tensors, T, L, dv, d, **blocks)
 
 
-def _by_chunk(kernel, tensors: tuple, taps: torch.Tensor, B: int, T: int, dv: int, d: int) -> torch.Tensor:
-    """Launches a depthwise backward: kernel(*tensors, partials, N, T, L, dv, d), one program per chunk of
+def _by_chunk(kernel, tensors: tuple, taps: torch.Tensor, B: int, T: int, dv: int, d: int,
+              strides: tuple = ()) -> torch.Tensor:
+    """Launches a depthwise backward: kernel(*tensors, partials, *strides, N, T, L, dv, d), one program per chunk of
     tokens and block of features; returns the taps' gradient, the chunks' partials summed in order."""
     L = taps.size(-1)
     chunks = triton.cdiv(B * T, TOKENS_PER_CHUNK)
     partials = taps.new_empty((chunks, *taps.shape), dtype=torch.float32)
     blocks = dict(BLOCK_L=triton.next_power_of_2(L), BLOCK_DV=triton.next_power_of_2(dv), BLOCK_D=_block_d(d))
-    wrap_triton(kernel)[(chunks, triton.cdiv(d, _block_d(d)))](*tensors, partials, B * T, T, L, dv, d,
+    wrap_triton(kernel)[(chunks, triton.cdiv(d, _block_d(d)))](*tensors, partials, *strides, B * T, T, L, dv, d,
                                                                  TOKENS=TOKENS_PER_CHUNK, **blocks)
     return partials.sum(0).to(taps.dtype)
 
@@ -342,27 +489,42 @@ def _by_chunk(kernel, tensors: tuple, taps: torch.Tensor, B: int, T: int, dv: in
 # tracing the kernel (which under the interpreter would launch it on fake tensors).
 
 def _update_outputs(X: torch.Tensor, S: int | None = None) -> tuple[torch.Tensor, ...]:
-    """Empty X_new, w, rho, q of one update (S None) or of S steps stacked by step."""
+    """Empty X_new (X's dtype and shape, contiguous), and w, rho, q (in at least fp32) of one update (S None) or of S
+    steps stacked by step."""
     B, T, dv, d = X.shape
-    steps = () if S is None else (S,)
-    return torch.empty_like(X), X.new_empty(B, T, *steps, dv), X.new_empty(B, T, S or 1), X.new_empty(B, T, *steps, dv)
+    steps, acc = () if S is None else (S,), torch.promote_types(X.dtype, torch.float32)
+    return (X.new_empty(X.shape), X.new_empty(B, T, *steps, dv, dtype=acc), X.new_empty(B, T, S or 1, dtype=acc),
+            X.new_empty(B, T, *steps, dv, dtype=acc))
 
 
-def _update_grads(G: torch.Tensor, S: int | None = None) -> tuple[torch.Tensor, ...]:
-    """Empty dL/dX, dL/dk~, dL/dbeta, dL/dv of one update (S None) or of S steps stacked by step."""
+def _state_strides(X: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """X as the kernels read it, with its token and channel strides: as it is when its features are contiguous and its
+    tokens evenly spaced (a repeated embedding: channel stride 0), else a contiguous copy."""
+    B, T, dv, d = X.shape
+    if X.stride(3) != 1 or X.stride(0) != T * X.stride(1):
+        X = X.contiguous()
+    return X, X.stride(1), X.stride(2)
+
+
+def _update_grads(G: torch.Tensor, h: torch.Tensor, beta: torch.Tensor, v: torch.Tensor,
+                  S: int | None = None) -> tuple[torch.Tensor, ...]:
+    """Empty dL/dX, dL/dk~, dL/dbeta, dL/dv of one update (S None) or of S steps stacked by step, each in the dtype
+    of what it is the gradient of (dL/dX: G's)."""
     B, T, dv, d = G.shape
     steps = () if S is None else (S,)
-    return torch.empty_like(G), G.new_empty(B, T, *steps, d), G.new_empty(B, T, S or 1), G.new_empty(B, T, *steps, dv)
+    return (G.new_empty(G.shape), G.new_empty(B, T, *steps, d, dtype=h.dtype),
+            G.new_empty(B, T, S or 1, dtype=beta.dtype), G.new_empty(B, T, *steps, dv, dtype=v.dtype))
 
 
 @custom_op("ddl_triton::update_forward", mutates_args=())
 def update_forward(X: torch.Tensor, h: torch.Tensor, beta: torch.Tensor, v: torch.Tensor,
                    eps2: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """X + w k~^T, w, rho, q = X k~ (see eager.update_forward)."""
-    X, h, beta, v = (t.contiguous() for t in (X, h, beta, v))
+    (X, sXn, sXj), (h, beta, v) = _state_strides(X), (t.contiguous() for t in (h, beta, v))
     B, T, dv, d = X.shape
     X_new, w, rho, q = outputs = _update_outputs(X)
-    _update_forward_kernel[(B * T,)](X, h, beta, v, X_new, w, rho, q, eps2, dv, d, **_update_grid(dv, d))
+    _update_forward_kernel[(B * T,)](X, h, beta, v, X_new, w, rho, q, eps2, sXn, sXj, dv, d, STORE_STATE=True,
+                                     **_update_grid(dv, d))
     return outputs
 
 
@@ -376,19 +538,86 @@ def update_backward(G: torch.Tensor, g_w: Optional[torch.Tensor], X: torch.Tenso
                     v: torch.Tensor, rho: torch.Tensor,
                     q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of update_forward's (X_new, w) for X, h, beta, v; g_w = dL/dw or None."""
-    G, X, h, beta, v, rho, q = (t.contiguous() for t in (G, X, h, beta, v, rho, q))
+    (X, sXn, sXj), (G, h, beta, v, rho, q) = _state_strides(X), (t.contiguous() for t in (G, h, beta, v, rho, q))
     has_g_w = g_w is not None
     g_w = g_w.contiguous() if has_g_w else G                      # not read when absent
     B, T, dv, d = X.shape
-    g_X, g_h, g_beta, g_v = grads = _update_grads(G)
-    _update_backward_kernel[(B * T,)](G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, dv, d,
+    g_X, g_h, g_beta, g_v = grads = _update_grads(G, h, beta, v)
+    _update_backward_kernel[(B * T,)](G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, sXn, sXj, dv, d,
                                       HAS_G_W=has_g_w, **_update_grid(dv, d))
     return grads
 
 
 @update_backward.register_fake
 def _(G, g_w, X, h, beta, v, rho, q):
-    return _update_grads(G)
+    return _update_grads(G, h, beta, v)
+
+
+@custom_op("ddl_triton::key_forward", mutates_args=())
+def key_forward(X: torch.Tensor, h: torch.Tensor, beta: torch.Tensor, v: torch.Tensor,
+                eps2: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w, rho, q of update_forward, the new state not written (DeltaKey)."""
+    (X, sXn, sXj), (h, beta, v) = _state_strides(X), (t.contiguous() for t in (h, beta, v))
+    B, T, dv, d = X.shape
+    _, w, rho, q = _update_outputs(X)
+    _update_forward_kernel[(B * T,)](X, h, beta, v, X, w, rho, q, eps2, sXn, sXj, dv, d, STORE_STATE=False,
+                                     **_update_grid(dv, d))
+    return w, rho, q
+
+
+@key_forward.register_fake
+def _(X, h, beta, v, eps2):
+    return _update_outputs(X)[1:]
+
+
+def _write_outputs(X: torch.Tensor, store_state: bool) -> tuple[torch.Tensor, ...]:
+    """Empty X_out (X's shape, or none), w, rho, q and x_next (at least fp32) of write_forward."""
+    _, w, rho, q = _update_outputs(X)
+    B, T, dv, d = X.shape
+    return X.new_empty(X.shape if store_state else (0,)), w, rho, q, X.new_empty(B, T, d, dtype=w.dtype)
+
+
+@custom_op("ddl_triton::write_forward", mutates_args=())
+def write_forward(X: torch.Tensor, h_a: torch.Tensor, w_a: torch.Tensor, h: torch.Tensor, beta: torch.Tensor,
+                  v: torch.Tensor, A: torch.Tensor, eps2: float,
+                  store_state: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """X_out (empty unless store_state), w, rho, q, x_next (see eager.write_forward)."""
+    (X, sXn, sXj), others = _state_strides(X), [t.contiguous() for t in (h_a, w_a, h, beta, v, A)]
+    B, T, dv, d = X.shape
+    X_out, w, rho, q, x_next = outputs = _write_outputs(X, store_state)
+    _write_forward_kernel[(B * T,)](X, *others, X_out, w, rho, q, x_next, eps2, sXn, sXj, T, A.size(-1), dv, d,
+                                    STORE_STATE=store_state, **_update_grid(dv, d))
+    return outputs
+
+
+@write_forward.register_fake
+def _(X, h_a, w_a, h, beta, v, A, eps2, store_state):
+    return _write_outputs(X, store_state)
+
+
+@custom_op("ddl_triton::write_backward", mutates_args=())
+def write_backward(G: Optional[torch.Tensor], g_w: Optional[torch.Tensor], g_next: torch.Tensor, X: torch.Tensor,
+                   h_a: torch.Tensor, w_a: torch.Tensor, h: torch.Tensor, beta: torch.Tensor, v: torch.Tensor,
+                   rho: torch.Tensor, q: torch.Tensor,
+                   A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dL/dX_mid, dL/dk~, dL/dbeta, dL/dv, dL/dA of write_forward (see eager.write_backward); G None: X_out unused."""
+    (X, sXn, sXj), inputs = _state_strides(X), [t.contiguous() for t in (g_next, h_a, w_a, h, beta, v, rho, q, A)]
+    g_next, h_a, w_a, h, beta, v, rho, q, A = inputs
+    has_g, has_g_w = G is not None, g_w is not None
+    G = G.contiguous() if has_g else g_next                       # not read when absent
+    g_w = g_w.contiguous() if has_g_w else g_next
+    B, T, dv, d = X.shape
+    G_mid, g_h, g_beta, g_v = _update_grads(X, h, beta, v)
+    _write_backward_kernel[(B * T,)](G, g_w, g_next, X, h_a, w_a, h, beta, v, rho, q, A, G_mid, g_h, g_beta, g_v, sXn,
+                                     sXj, T, A.size(-1), dv, d, HAS_G=has_g, HAS_G_W=has_g_w, **_update_grid(dv, d))
+    g_A = _by_chunk(_write_taps_kernel, (g_next, X, h_a, w_a, h, beta, v, rho, q), A, B, T, dv, d,
+                    strides=(sXn, sXj))
+    return G_mid, g_h, g_beta, g_v, g_A
+
+
+@write_backward.register_fake
+def _(G, g_w, g_next, X, h_a, w_a, h, beta, v, rho, q, A):
+    return (*_update_grads(X, h, beta, v), A.new_empty(A.shape))
 
 
 def _stacked(h: list[torch.Tensor], beta: list[torch.Tensor], v: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -424,7 +653,7 @@ def update_steps_backward(G: torch.Tensor, g_w: Optional[torch.Tensor], X: torch
     g_w = g_w.contiguous() if has_g_w else G                      # not read when absent
     B, T, dv, d = X.shape
     S = len(h)
-    g_X, g_h, g_beta, g_v = grads = _update_grads(G, S)
+    g_X, g_h, g_beta, g_v = grads = _update_grads(G, h[0], beta[0], v[0], S)
     _update_steps_backward_kernel[(B * T,)](G, g_w, X, *_stacked(h, beta, v), rho, q, g_X, g_h, g_beta, g_v, S, dv, d,
                                             HAS_G_W=has_g_w, **_update_grid(dv, d))
     return grads
@@ -432,7 +661,60 @@ def update_steps_backward(G: torch.Tensor, g_w: Optional[torch.Tensor], X: torch
 
 @update_steps_backward.register_fake
 def _(G, g_w, X, h, beta, v, rho, q):
-    return _update_grads(G, len(h))
+    return _update_grads(G, h[0], beta[0], v[0], len(h))
+
+
+NORM_TOKENS_PER_CHUNK = 32   # tokens a norm backward program sums the weights' gradients over, in order
+
+
+def _norm_blocks(W_c: torch.Tensor, W_x: torch.Tensor, d: int) -> dict:
+    return dict(BLOCK_C=triton.next_power_of_2(max(W_c.size(0), 1)),
+                BLOCK_X=triton.next_power_of_2(max(W_x.size(0), 1)), BLOCK_D=triton.next_power_of_2(d))
+
+
+def _norm_outputs(x: torch.Tensor, W_c: torch.Tensor, W_x: torch.Tensor, c_dtype: torch.dtype):
+    acc = torch.promote_types(x.dtype, torch.float32)
+    rows = x.shape[:-1]
+    return (x.new_empty(x.shape, dtype=c_dtype), x.new_empty(*rows, W_c.size(0), dtype=acc),
+            x.new_empty(*rows, W_x.size(0), dtype=acc), x.new_empty(*rows, 1, dtype=acc))
+
+
+@custom_op("ddl_triton::norm_forward", mutates_args=())
+def norm_forward(x: torch.Tensor, g: torch.Tensor, W_c: torch.Tensor, W_x: torch.Tensor, eps: float,
+                 c_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """c (in c_dtype), l_c, l_x, rho (at least fp32) of a sublayer's norm and its gates' maps (see C++ norm_forward)."""
+    x, g, W_c, W_x = (t.contiguous() for t in (x, g, W_c, W_x))
+    d = x.size(-1)
+    c, l_c, l_x, rho = outputs = _norm_outputs(x, W_c, W_x, c_dtype)
+    _norm_forward_kernel[(x.numel() // d,)](x, g, W_c, W_x, c, l_c, l_x, rho, eps, W_c.size(0), W_x.size(0), d,
+                                            **_norm_blocks(W_c, W_x, d), num_warps=4)
+    return outputs
+
+
+@norm_forward.register_fake
+def _(x, g, W_c, W_x, eps, c_dtype):
+    return _norm_outputs(x, W_c, W_x, c_dtype)
+
+
+@custom_op("ddl_triton::norm_backward", mutates_args=())
+def norm_backward(g_c: torch.Tensor, g_lc: torch.Tensor, g_lx: torch.Tensor, x: torch.Tensor, g: torch.Tensor,
+                  W_c: torch.Tensor, W_x: torch.Tensor,
+                  rho: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dL/dx, dL/dg, dL/dW_c, dL/dW_x (fp32 sums over tokens, by chunks in order) of norm_forward."""
+    g_c, g_lc, g_lx, x, g, W_c, W_x, rho = (t.contiguous() for t in (g_c, g_lc, g_lx, x, g, W_c, W_x, rho))
+    d, nc, nx = x.size(-1), W_c.size(0), W_x.size(0)
+    N = x.numel() // d
+    chunks = triton.cdiv(N, NORM_TOKENS_PER_CHUNK)
+    g_x = x.new_empty(x.shape)
+    partials = x.new_empty(chunks, 1 + nc + nx, d, dtype=torch.float32)
+    _norm_backward_kernel[(chunks,)](g_c, g_lc, g_lx, x, g, W_c, W_x, rho, g_x, partials, N, nc, nx, d,
+                                     TOKENS=NORM_TOKENS_PER_CHUNK, **_norm_blocks(W_c, W_x, d), num_warps=4)
+    return g_x, partials[:, 0].sum(0), partials[:, 1:1 + nc].sum(0), partials[:, 1 + nc:].sum(0)
+
+
+@norm_backward.register_fake
+def _(g_c, g_lc, g_lx, x, g, W_c, W_x, rho):
+    return (x.new_empty(x.shape), *(t.new_empty(t.shape, dtype=torch.float32) for t in (g, W_c, W_x)))
 
 
 @triton_op("ddl_triton::read_forward", mutates_args=())
