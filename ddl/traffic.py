@@ -31,6 +31,8 @@ MATMUL_MIN_SIDE = 16
 MATMULS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation", "matmul"}
 FREE = {"_unsafe_view", "detach", "alias", "lift_fresh", "empty", "empty_like", "empty_strided", "new_empty",
         "new_empty_strided", "_local_scalar_dense", "device"}
+WRITE_ONLY = {"new_zeros", "new_ones", "new_full", "zeros_like", "ones_like", "full_like", "zeros", "ones", "full",
+              "fill", "zero_"}                               # they write their output and read no input
 
 
 def _tensors(tree) -> list[torch.Tensor]:
@@ -71,7 +73,7 @@ class OpCounter(TorchDispatchMode):
         name = func.overloadpacket.__name__
         if func.is_view or name in FREE:
             return out
-        inputs = _tensors((args, kwargs))
+        inputs = [] if name in WRITE_ONLY else _tensors((args, kwargs))
         touched = sum(_nbytes(t) for t in inputs) + sum(_nbytes(t) for t in _tensors(out))
         kind = _kind(func, inputs)
         self.bytes[kind] += touched
