@@ -222,9 +222,10 @@ def test_norm_projections_match_the_plain_form(nc, nx, dtype):
 
 
 def test_sums_over_tokens_follow_the_token_order_bit_for_bit(monkeypatch):
-    """The taps' gradients: partials of TOKENS_PER_CHUNK tokens each, summed in chunk order, the same
-    bits on every run (here chunks of 5 tokens, the last one short)."""
+    """The taps' gradients: partials of TOKENS_PER_CHUNK (TOKENS_PER_TILE) tokens each, summed in chunk order, the same
+    bits on every run (here chunks of 5 and tiles of 4 tokens, the last one short)."""
     monkeypatch.setattr(triton_loops, "TOKENS_PER_CHUNK", 5)
+    monkeypatch.setattr(triton_loops, "TOKENS_PER_TILE", 4)
     dv = 2
     X, A, w, h, x = tensors(9, torch.float32, (B, T, dv, D), (dv, D, 4), (B, T, dv), (B, T, D), (B, T, D))
     g_x, g_X = tensors(10, torch.float32, (B, T, D), (B, T, dv, D))

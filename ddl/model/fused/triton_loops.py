@@ -2,22 +2,26 @@
 
 The same ops, signatures and shapes as cpu.cpp (its header has the symbols): X (B,T,dv,d) the state,
 h = k~ (B,T,d) the raw key, beta and rho (B,T,1), v, w, q (B,T,dv), A and E (dv,d,L) taps, tap L-1
-weighing the current token (lag 0). Inputs may be fp32 or bf16 (each its own); every kernel loads
-them as fp32, accumulates in fp32 and stores its outputs in the dtype of the op's first input (the
-taps' gradients in the taps' dtype).
+weighing the current token (lag 0). Inputs may be fp32 or bf16, each its own: every kernel loads them
+as fp32, computes in fp32 and rounds each output once: the state and its gradient in the state's dtype;
+w, rho, q, the reads and the taps' and weights' gradients in at least fp32; other gradients in their
+input's dtype. A state is read in place when its tokens are evenly strided (the repeated embedding X0:
+channel stride 0).
 
-Layout: the update needs whole rows (|k~|^2 and X_j . k~ are sums over d), so it runs one program
-per token with the token's (dv, d) tile in registers. The three depthwise ops (read, rank-1 read,
-expansion) are elementwise along d: one program per token and block of features, the lags and
-value channels as the tile's other two axes. Their backwards also sum over tokens for the taps'
-gradient: one program per chunk of TOKENS_PER_CHUNK tokens and block of features walks its tokens
-in order into a partial of its own, and the partials are summed by torch (no atomics). The chunks
-depend on the token count alone, so these gradients are the same bits on every run of a shape.
+Layouts:
+- per token (the updates, DeltaKey, DeltaWrite, the norm): |k~|^2, X_j . k~ and the norm's mean are
+  sums over d, so one program holds a token's whole (dv, d) row in registers. DeltaWrite rebuilds the
+  L-1 tokens before its own for the next read.
+- tiles of TOKENS_PER_TILE tokens by TILE_FEATURES features (the rank-1 read, DeltaWrite's taps'
+  gradient): elementwise along d; a program writes its tile's own partial of the taps' gradient.
+- chunks (the read's and the expansion's backwards, the norm's): one program walks TOKENS_PER_CHUNK
+  tokens in order into a partial of its own.
+Partials are summed by torch in order: no atomics, the same bits on every run of a shape.
 
-The depthwise ops are torch.library.triton_ops: torch.compile traces into them (no graph break) and
-inductor sees their kernels; the update's are custom ops, which it calls as they are (see below).
-Importing this module imports triton; ddl.model.fused does so only on CUDA.
-Under TRITON_INTERPRET=1 (set before this import) the kernels run on CPU tensors, as the tests do.
+The read and the expansion are torch.library.triton_ops (torch.compile traces into them); every other
+op is a custom op with a fake, which compile calls as it is. Importing this module imports triton;
+ddl.model.fused does so on the CUDA path only. Under TRITON_INTERPRET=1 (set before this import) the
+kernels run on CPU tensors, as the tests do.
 """
 
 from typing import Optional
@@ -316,41 +320,6 @@ def _read_backward_kernel(g, X, A, g_X, partials, N, T, L, dv, d, TOKENS: tl.con
 
 
 @triton.jit
-def _rank_one_forward_kernel(w, h, A, x, T, L, dv, d,
-                             BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
-    """x[t] = sum over lag of (sum_j w[t-lag, j] A[j, :, L-1-lag]) * k~[t-lag]."""
-    n = tl.program_id(0).to(tl.int64)
-    lag, j, i, in_L, in_dv, in_d = _axes(L, dv, d, BLOCK_L, BLOCK_DV, BLOCK_D)
-    seen = in_L & (lag <= n % T)
-    w_seen = tl.load(w + (n - lag[:, None]) * dv + j[None, :], mask=seen[:, None] & in_dv[None, :], other=0.0)
-    k_seen = _rows_at(h, n, -lag, seen, i, in_d, d)
-    taps = _taps(A, lag, j, i, in_L, in_dv, in_d, L, d)
-    wA = tl.sum(w_seen.to(tl.float32)[:, :, None] * taps, axis=1)                 # (lag, i)
-    tl.store(x + n * d + i, tl.sum(wA * k_seen, axis=0).to(x.dtype.element_ty), mask=in_d)
-
-
-@triton.jit
-def _rank_one_backward_kernel(g, w, h, A, g_w_partials, g_h, partials, N, T, L, dv, d, TOKENS: tl.constexpr,
-                              BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
-    """With A_lag = A[:, :, L-1-lag] and P = g[t+lag] * k~[t]: g_k~[t] = sum over lag of g[t+lag] * (w[t] A_lag),
-    this block's share of g_w[t, j] = sum over lag, i of P A_lag[j], and the taps' partial sum_t w[t, j] P."""
-    lag, j, i, in_L, in_dv, in_d, acc, first, last = _chunk_start(N, L, dv, d, TOKENS, BLOCK_L, BLOCK_DV, BLOCK_D)
-    taps = _taps(A, lag, j, i, in_L, in_dv, in_d, L, d)
-    block = tl.program_id(1).to(tl.int64)
-    for n in range(first, last):
-        g_ahead = _rows_at(g, n, lag, in_L & (n % T + lag < T), i, in_d, d)
-        k = tl.load(h + n * d + i, mask=in_d, other=0.0).to(tl.float32)
-        w_n = tl.load(w + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
-        wA = tl.sum(w_n[None, :, None] * taps, axis=1)                          # (lag, i)
-        tl.store(g_h + n * d + i, tl.sum(g_ahead * wA, axis=0).to(g_h.dtype.element_ty), mask=in_d)
-        P = g_ahead * k[None, :]
-        g_w_n = tl.sum(tl.sum(P[:, None, :] * taps, axis=2), axis=0)             # (j,)
-        tl.store(g_w_partials + (block * N + n) * dv + j, g_w_n, mask=in_dv)
-        acc += w_n[None, :, None] * P[:, None, :]
-    _store_tap_partial(partials, acc, lag, j, i, in_L, in_dv, in_d, L, dv, d)
-
-
-@triton.jit
 def _expand_forward_kernel(x, E, X, T, L, dv, d, BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
     """X[t, j] = sum over lag of E[j, :, L-1-lag] * x[t-lag]."""
     n = tl.program_id(0).to(tl.int64)
@@ -379,23 +348,95 @@ def _expand_backward_kernel(g, x, E, g_x, partials, N, T, L, dv, d, TOKENS: tl.c
     _store_tap_partial(partials, acc, lag, j, i, in_L, in_dv, in_d, L, dv, d)
 
 
+# ---- tiles of TOKENS_PER_TILE tokens and a block of features: the rank-1 read and DeltaWrite's taps' gradient ----
+
+@triton.jit
+def _token_tile(N, d, TOK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's tokens and features, and their masks."""
+    n = tl.program_id(0).to(tl.int64) * TOK + tl.arange(0, TOK)
+    i = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    in_n, in_d = n < N, i < d
+    return n, i, in_n, in_d, in_n[:, None] & in_d[None, :]
+
+
+@triton.jit
+def _tile_rows(x, rows, valid, i, in_d, d):
+    """Rows x[rows] of a (N, d) tensor where valid, else 0: (tokens, features) fp32."""
+    return tl.load(x + rows[:, None] * d + i[None, :], mask=valid[:, None] & in_d[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _tap(A, j, lag, i, in_d, L, d):
+    """The taps A[j, i, L-1-lag] of one channel and lag, over this program's features, fp32."""
+    return tl.load(A + (j * d + i) * L + (L - 1 - lag), mask=in_d, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_tap_gradient(partials, value, j, lag, i, in_d, L, dv, d):
+    """partials[tile, j, i, L-1-lag] <- this tile's sum over its tokens (each program writes each entry once)."""
+    tl.store(partials + tl.program_id(0).to(tl.int64) * dv * d * L + (j * d + i) * L + (L - 1 - lag), value, mask=in_d)
+
+
+@triton.jit
+def _rank_one_forward_kernel(w, h, A, x, N, T, L, dv, d, TOK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """x[t] = sum over lag of (sum_j w[t-lag, j] A[j, :, L-1-lag]) * k~[t-lag]."""
+    n, i, in_n, in_d, in_tile = _token_tile(N, d, TOK, BLOCK_D)
+    out = tl.zeros((TOK, BLOCK_D), dtype=tl.float32)
+    for lag in range(L):
+        seen = in_n & (lag <= n % T)
+        src = n - lag
+        coefficient = tl.zeros((TOK, BLOCK_D), dtype=tl.float32)
+        for j in range(dv):
+            w_j = tl.load(w + src * dv + j, mask=seen, other=0.0).to(tl.float32)
+            coefficient += w_j[:, None] * _tap(A, j, lag, i, in_d, L, d)[None, :]
+        out += coefficient * _tile_rows(h, src, seen, i, in_d, d)
+    tl.store(x + n[:, None] * d + i[None, :], out.to(x.dtype.element_ty), mask=in_tile)
+
+
+@triton.jit
+def _rank_one_backward_kernel(g, w, h, A, g_w_partials, g_h, partials, N, T, L, dv, d, TOK: tl.constexpr,
+                              BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    """With P = g[t+lag] * k~[t]: g_k~[t] = sum over lag of g[t+lag] (sum_j w[t, j] A_lag[j]), this feature block's
+    share of g_w[t, j] = sum over lag, i of P A_lag[j], and this tile's sum_t w[t, j] P per tap."""
+    n, i, in_n, in_d, in_tile = _token_tile(N, d, TOK, BLOCK_D)
+    jj = tl.arange(0, BLOCK_DV)
+    k = _tile_rows(h, n, in_n, i, in_d, d)
+    g_k = tl.zeros((TOK, BLOCK_D), dtype=tl.float32)
+    g_w = tl.zeros((TOK, BLOCK_DV), dtype=tl.float32)
+    for lag in range(L):
+        g_ahead = _tile_rows(g, n + lag, in_n & (n % T + lag < T), i, in_d, d)
+        P = g_ahead * k
+        coefficient = tl.zeros((TOK, BLOCK_D), dtype=tl.float32)
+        for j in range(dv):
+            a = _tap(A, j, lag, i, in_d, L, d)
+            w_j = tl.load(w + n * dv + j, mask=in_n, other=0.0).to(tl.float32)
+            coefficient += w_j[:, None] * a[None, :]
+            g_w += tl.where(jj[None, :] == j, tl.sum(P * a[None, :], axis=1)[:, None], 0.0)
+            _store_tap_gradient(partials, tl.sum(w_j[:, None] * P, axis=0), j, lag, i, in_d, L, dv, d)
+        g_k += g_ahead * coefficient
+    tl.store(g_h + n[:, None] * d + i[None, :], g_k.to(g_h.dtype.element_ty), mask=in_tile)
+    tl.store(g_w_partials + (tl.program_id(1) * N + n[:, None]) * dv + jj[None, :], g_w,
+             mask=in_n[:, None] & (jj < dv)[None, :])
+
+
 @triton.jit
 def _write_taps_kernel(g_next, X, h_a, w_a, h, beta, v, rho, q, partials, sXn, sXj, N, T, L, dv, d,
-                       TOKENS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
-    """DeltaWrite's taps' partial sum_t X_out[t, j] * g_next[t+lag], X_out = X + w_a k~_a^T + w k~^T rebuilt per feature
-    block (w = beta rho (v - rho q) from the saved rho, q)."""
-    lag, j, i, in_L, in_dv, in_d, acc, first, last = _chunk_start(N, L, dv, d, TOKENS, BLOCK_L, BLOCK_DV, BLOCK_D)
-    in_tile = in_dv[:, None] & in_d[None, :]
-    for n in range(first, last):
-        g_ahead = _rows_at(g_next, n, lag, in_L & (n % T + lag < T), i, in_d, d)      # g_next[t + lag] (lag, i)
-        k = tl.load(h + n * d + i, mask=in_d, other=0.0).to(tl.float32)
-        b, r = tl.load(beta + n).to(tl.float32), tl.load(rho + n).to(tl.float32)
-        v_n = tl.load(v + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
-        q_n = tl.load(q + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
-        X_out = _mid_row(X, h_a, w_a, n, sXn, sXj, j, i, in_dv, in_d, in_tile, dv, d)
-        X_out += (b * r * (v_n - r * q_n))[:, None] * k[None, :]
-        acc += X_out[None, :, :] * g_ahead[:, None, :]
-    _store_tap_partial(partials, acc, lag, j, i, in_L, in_dv, in_d, L, dv, d)
+                       TOK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """DeltaWrite's taps' gradient, this tile's sum_t X_out[t, j] * g_next[t+lag] per tap, with
+    X_out = X + w_a k~_a^T + w k~^T rebuilt per feature block (w = beta rho (v - rho q) from the saved rho, q)."""
+    n, i, in_n, in_d, in_tile = _token_tile(N, d, TOK, BLOCK_D)
+    k_a, k = _tile_rows(h_a, n, in_n, i, in_d, d), _tile_rows(h, n, in_n, i, in_d, d)
+    b = tl.load(beta + n, mask=in_n, other=0.0).to(tl.float32)
+    r = tl.load(rho + n, mask=in_n, other=0.0).to(tl.float32)
+    for j in range(dv):
+        w_aj = tl.load(w_a + n * dv + j, mask=in_n, other=0.0).to(tl.float32)
+        v_j = tl.load(v + n * dv + j, mask=in_n, other=0.0).to(tl.float32)
+        q_j = tl.load(q + n * dv + j, mask=in_n, other=0.0).to(tl.float32)
+        X_j = tl.load(X + n[:, None] * sXn + j * sXj + i[None, :], mask=in_tile, other=0.0).to(tl.float32)
+        out = X_j + w_aj[:, None] * k_a + (b * r * (v_j - r * q_j))[:, None] * k
+        for lag in range(L):
+            g_ahead = _tile_rows(g_next, n + lag, in_n & (n % T + lag < T), i, in_d, d)
+            _store_tap_gradient(partials, tl.sum(out * g_ahead, axis=0), j, lag, i, in_d, L, dv, d)
 
 
 # ---- a sublayer's RMSNorm with the gates' maps of its output and input (norm_projections): one row a program ----
@@ -484,9 +525,28 @@ def _by_chunk(kernel, tensors: tuple, taps: torch.Tensor, B: int, T: int, dv: in
     return partials.sum(0).to(taps.dtype)
 
 
-# The update's ops are custom ops, opaque to torch.compile (the depthwise ops below are triton_ops, traced
-# into): its one kernel a direction has nothing for inductor to fuse, and their fakes give the shapes without
-# tracing the kernel (which under the interpreter would launch it on fake tensors).
+TOKENS_PER_TILE = 32        # tokens a tiled program covers: the token sums' partials, in tile order
+TILE_FEATURES = 128         # features a tiled program covers
+
+
+def _by_tile(kernel, tensors: tuple, N: int, d: int, **blocks) -> None:
+    """Launches a tiled kernel, kernel(*tensors, ..., TOK, BLOCK_D): one program per tile of tokens and features."""
+    block_d = min(TILE_FEATURES, triton.next_power_of_2(d))
+    kernel[(triton.cdiv(N, TOKENS_PER_TILE), triton.cdiv(d, block_d))](*tensors, TOK=TOKENS_PER_TILE,
+                                                                          BLOCK_D=block_d, **blocks)
+
+
+def _tap_partials(taps: torch.Tensor, N: int) -> torch.Tensor:
+    """One (dv, d, L) fp32 partial of the taps' gradient per tile of tokens."""
+    return taps.new_empty((triton.cdiv(N, TOKENS_PER_TILE), *taps.shape), dtype=torch.float32)
+
+
+def _feature_blocks(d: int) -> int:
+    return triton.cdiv(d, min(TILE_FEATURES, triton.next_power_of_2(d)))
+
+
+# Custom ops, opaque to torch.compile: one kernel a direction leaves inductor nothing to fuse, and their fakes give
+# the shapes without tracing the kernel (which under the interpreter would launch it on fake tensors).
 
 def _update_outputs(X: torch.Tensor, S: int | None = None) -> tuple[torch.Tensor, ...]:
     """Empty X_new (X's dtype and shape, contiguous), and w, rho, q (in at least fp32) of one update (S None) or of S
@@ -610,9 +670,10 @@ def write_backward(G: Optional[torch.Tensor], g_w: Optional[torch.Tensor], g_nex
     G_mid, g_h, g_beta, g_v = _update_grads(X, h, beta, v)
     _write_backward_kernel[(B * T,)](G, g_w, g_next, X, h_a, w_a, h, beta, v, rho, q, A, G_mid, g_h, g_beta, g_v, sXn,
                                      sXj, T, A.size(-1), dv, d, HAS_G=has_g, HAS_G_W=has_g_w, **_update_grid(dv, d))
-    g_A = _by_chunk(_write_taps_kernel, (g_next, X, h_a, w_a, h, beta, v, rho, q), A, B, T, dv, d,
-                    strides=(sXn, sXj))
-    return G_mid, g_h, g_beta, g_v, g_A
+    partials = _tap_partials(A, B * T)
+    _by_tile(_write_taps_kernel, (g_next, X, h_a, w_a, h, beta, v, rho, q, partials, sXn, sXj, B * T, T, A.size(-1),
+                                  dv, d), B * T, d)
+    return G_mid, g_h, g_beta, g_v, partials.sum(0).to(A.dtype)
 
 
 @write_backward.register_fake
@@ -735,25 +796,38 @@ def read_backward(g: torch.Tensor, X: torch.Tensor, A: torch.Tensor) -> tuple[to
     return g_X, g_A
 
 
-@triton_op("ddl_triton::rank_one_forward", mutates_args=())
+@custom_op("ddl_triton::rank_one_forward", mutates_args=())
 def rank_one_forward(w: torch.Tensor, h: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+    """The read of the rank-1 state w k~^T from its factors, in w's dtype."""
     w, h, A = w.contiguous(), h.contiguous(), A.contiguous()
     B, T, d = h.shape
     x = w.new_empty(h.shape)
-    _by_token(_rank_one_forward_kernel, (w, h, A, x), B, T, A.size(-1), w.size(-1), d)
+    _by_tile(_rank_one_forward_kernel, (w, h, A, x, B * T, T, A.size(-1), w.size(-1), d), B * T, d)
     return x
 
 
-@triton_op("ddl_triton::rank_one_backward", mutates_args=())
+@rank_one_forward.register_fake
+def _(w, h, A):
+    return w.new_empty(h.shape)
+
+
+@custom_op("ddl_triton::rank_one_backward", mutates_args=())
 def rank_one_backward(g: torch.Tensor, w: torch.Tensor, h: torch.Tensor,
                       A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g, w, h, A = g.contiguous(), w.contiguous(), h.contiguous(), A.contiguous()
     B, T, d = h.shape
-    dv = w.size(-1)
-    g_h = g.new_empty(h.shape)
-    g_w_partials = w.new_empty((triton.cdiv(d, _block_d(d)), B, T, dv), dtype=torch.float32)  # one per feature block
-    g_A = _by_chunk(_rank_one_backward_kernel, (g, w, h, A, g_w_partials, g_h), A, B, T, dv, d)
-    return g_w_partials.sum(0).to(g.dtype), g_h, g_A
+    dv, N = w.size(-1), B * T
+    g_h = h.new_empty(h.shape)
+    g_w_partials = w.new_empty((_feature_blocks(d), B, T, dv), dtype=torch.float32)   # one per feature block
+    partials = _tap_partials(A, N)
+    _by_tile(_rank_one_backward_kernel, (g, w, h, A, g_w_partials, g_h, partials, N, T, A.size(-1), dv, d), N, d,
+             BLOCK_DV=triton.next_power_of_2(dv))
+    return g_w_partials.sum(0).to(w.dtype), g_h, partials.sum(0).to(A.dtype)
+
+
+@rank_one_backward.register_fake
+def _(g, w, h, A):
+    return w.new_empty(w.shape), h.new_empty(h.shape), A.new_empty(A.shape)
 
 
 @triton_op("ddl_triton::expand_forward", mutates_args=())
