@@ -261,7 +261,8 @@ def test_the_ops_declare_their_outputs_for_torch_compile():
 
 def loss_and_grads(**kw) -> tuple:
     torch.manual_seed(0)
-    model = GPT(model_config("micro", vocab_size=64, d_model=80, residual="ddl", **kw)).to(DEVICE)   # d = 80: masks
+    model = GPT(model_config("micro", vocab_size=64, d_model=80, residual="ddl", state_dtype="fp32",  # d = 80: masks
+                             **kw)).to(DEVICE)
     idx = torch.randint(0, 64, (2, 7), generator=generator(12)).to(DEVICE)
     _, loss = model(idx, idx.roll(-1, 1))
     loss.backward()
