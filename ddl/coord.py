@@ -93,15 +93,16 @@ def recording(model: GPT):
     def gates(module, args, out):
         for name, delta in model.delta_residuals():
             seen[f"beta.{name}"] = _abs_mean(torch.logit(delta.last_betas[0] / 2))
+        model.kept.clear()
 
     hooks = [model.wte.register_forward_hook(lambda module, args, out: seen.__setitem__("embedding", _abs_mean(out)))]
     hooks += [b.register_forward_hook(block(i)) for i, b in enumerate(model.blocks)]
     hooks.append(model.register_forward_hook(gates))
-    model.keep_state = True                         # the last block's state too
+    model.kept = []                                  # the last block stores its state too
     try:
         yield seen
     finally:
-        model.keep_state = False
+        model.kept = None
         for hook in hooks:
             hook.remove()
 

@@ -163,7 +163,7 @@ class GPT(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.logit_multiplier = logit_multiplier(cfg)   # µP's readout: the tied embedding's logits / m
-        self.keep_state = False                         # whether the last block stores its state (state_ranks)
+        self.kept: list | None = None                   # each block's state, while state_ranks() asks for them
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -213,8 +213,11 @@ class GPT(nn.Module):
         if self.cfg.residual == "ddl":
             X, x_in = self.initial_state(x)
             readers = [block.compress for block in self.blocks[1:]] + [self.readout]
+            last = len(self.blocks) - 1
             for i, (block, reader) in enumerate(zip(self.blocks, readers, strict=True)):
-                X, x_in = block(X, cos, sin, x_in, reader, store_state=i + 1 < len(self.blocks) or self.keep_state)
+                X, x_in = block(X, cos, sin, x_in, reader, store_state=i < last or self.kept is not None)
+                if self.kept is not None:
+                    self.kept.append(X)
             x = X.squeeze(-2) if self.readout is None else x_in                  # (B,T,d)
         else:
             for block in self.blocks:
@@ -251,6 +254,11 @@ class GPT(nn.Module):
         for block in self.blocks:
             block.compile(fullgraph=True, backend=backend)
         self.head = torch.compile(self.head, fullgraph=True, backend=backend)
+        # each of a block's graphs (block 0, the middle ones, the last; training, evaluation, the ranks' pass) counts
+        # towards dynamo's recompile limit of its code, and past it fullgraph fails
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 64))
 
     def delta_residuals(self) -> list[tuple[str, DeltaResidual]]:
         return [(f"L{i:02d}.{part}", getattr(block, f"delta_{part}"))
@@ -284,22 +292,12 @@ class GPT(nn.Module):
         the tokens of `idx` (d_v > 1; empty otherwise). See effective_rank."""
         if not self.cfg.expanded:
             return {}
-        ranks: dict[str, float] = {}
-
-        def record(i: int):
-            def hook(module, args, outputs):
-                ranks[f"erank/L{i:02d}"] = effective_rank(outputs[0]).mean().item()
-            return hook
-
-        handles = [block.register_forward_hook(record(i)) for i, block in enumerate(self.blocks)]
-        self.keep_state = True
+        self.kept = []                     # the forward keeps each block's state (no hooks: blocks may be compiled)
         try:
             self(idx)
+            return {f"erank/L{i:02d}": effective_rank(X).mean().item() for i, X in enumerate(self.kept)}
         finally:
-            self.keep_state = False
-            for handle in handles:
-                handle.remove()
-        return ranks
+            self.kept = None
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())  # the tied embedding is counted once

@@ -10,12 +10,13 @@ channel stride 0).
 
 Layouts:
 - per token (the updates, DeltaKey, DeltaWrite, the norm): |k~|^2, X_j . k~ and the norm's mean are
-  sums over d, so one program holds a token's whole (dv, d) row in registers. DeltaWrite rebuilds the
-  L-1 tokens before its own for the next read.
-- tiles of TOKENS_PER_TILE tokens by TILE_FEATURES features (the rank-1 read, DeltaWrite's taps'
+  sums over d, so one program takes a token's channels one row of d after another (DeltaProduct's
+  steps: its whole (dv, d) tile). DeltaWrite rebuilds the L-1 tokens before its own for the next read.
+- tiles of TOKENS_PER_TILE tokens by a block of features (the rank-1 read, DeltaWrite's taps'
   gradient): elementwise along d; a program writes its tile's own partial of the taps' gradient.
 - chunks (the read's and the expansion's backwards, the norm's): one program walks TOKENS_PER_CHUNK
   tokens in order into a partial of its own.
+Warps and feature blocks are tuned (triton.autotune) on the GPU at each kernel's first launch.
 Partials are summed by torch in order: no atomics, the same bits on every run of a shape.
 
 The read and the expansion are torch.library.triton_ops (torch.compile traces into them); every other
@@ -24,6 +25,7 @@ ddl.model.fused does so on the CUDA path only. Under TRITON_INTERPRET=1 (set bef
 kernels run on CPU tensors, as the tests do.
 """
 
+import os
 from typing import Optional
 
 import torch
@@ -32,6 +34,18 @@ import triton.language as tl
 from torch.library import custom_op, triton_op, wrap_triton
 
 TOKENS_PER_CHUNK = 64       # tokens a backward program sums the taps' gradient over, in order
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _tuned(*configs: tuple[int, dict], key: list[str]):
+    """triton.autotune over these (num_warps, meta-parameters) choices, timed on the GPU at a kernel's first launch for
+    each value of `key`; under the interpreter only the first (its timing means nothing there)."""
+    choices = [triton.Config(meta, num_warps=warps) for warps, meta in configs]
+    return triton.autotune(configs=choices[:1] if INTERPRETED else choices, key=key)
+
+
+ROW_CHOICES = [(4, {}), (8, {}), (16, {}), (2, {})]            # a row kernel's warps
+
 FEATURES_PER_BLOCK = 64     # features (along d) per program of the depthwise ops
 
 
@@ -60,26 +74,6 @@ def _update_axes(dv, d, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
     tile = (n * dv + j[:, None]) * d + i[None, :]
     in_tile = in_dv[:, None] & in_d[None, :]
     return n, j, i, in_dv, in_d, tile, in_tile
-
-
-@triton.jit
-def _state_row(X, n, sXn, sXj, j, i, in_tile):
-    """Token n's (dv, d) row of a state with strides sXn (tokens) and sXj (channels; 0: a repeated embedding), fp32."""
-    return tl.load(X + n * sXn + j[:, None] * sXj + i[None, :], mask=in_tile, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _mid_row(X, h_a, w_a, n, sXn, sXj, j, i, in_dv, in_d, in_tile, dv, d):
-    """Token n's mid-block state X + w_a k~_a^T, rebuilt in registers (fp32)."""
-    k_a = tl.load(h_a + n * d + i, mask=in_d, other=0.0).to(tl.float32)
-    w_n = tl.load(w_a + n * dv + j, mask=in_dv, other=0.0).to(tl.float32)
-    return _state_row(X, n, sXn, sXj, j, i, in_tile) + w_n[:, None] * k_a[None, :]
-
-
-@triton.jit
-def _taps_at(A, lag, j, i, in_tile, L, d):
-    """The (dv, d) taps A[:, :, L-1-lag] of one lag, fp32; A (dv,d,L) contiguous."""
-    return tl.load(A + (j[:, None] * d + i[None, :]) * L + (L - 1 - lag), mask=in_tile, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -133,75 +127,143 @@ def _store_step(w, rho, q, w_n, r, q_n, row, j, in_dv, dv):
     tl.store(rho + row, r.to(rho.dtype.element_ty))
 
 
+# ---- the update, DeltaKey and DeltaWrite: one program per token, its DV channels' rows of d one after another (each
+# a 1-D vector, so every sum is over d or over the unrolled channels: no transpose of a (dv, d) tile) ----
+
 @triton.jit
-def _update_forward_kernel(X, h, beta, v, X_new, w, rho, q, eps2, sXn, sXj, dv, d, STORE_STATE: tl.constexpr,
-                           BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+def _row(X, n, sXn, sXj, j, i, in_d):
+    """Token n's channel j row of a state with strides sXn (tokens) and sXj (channels; 0: repeated), fp32."""
+    return tl.load(X + n * sXn + j * sXj + i, mask=in_d, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _vec(x, n, i, in_d, d):
+    """Row n of a (N, d) tensor, fp32."""
+    return tl.load(x + n * d + i, mask=in_d, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _key_norm(k, eps2):
+    """rho = 1 / sqrt(|k~|^2 + eps^2), fp32 (inductor passes the float eps2 as fp64)."""
+    return (1.0 / tl.sqrt(tl.sum(k * k) + eps2)).to(tl.float32)
+
+
+@_tuned(*ROW_CHOICES, key=["d", "DV"])
+@triton.jit
+def _update_forward_kernel(X, h, beta, v, X_new, w, rho, q, eps2, sXn, sXj, d, STORE_STATE: tl.constexpr,
+                           DV: tl.constexpr, BLOCK_D: tl.constexpr):
     """One update per token: X_new (when STORE_STATE; else only w, rho, q: DeltaKey's), w, rho, q."""
-    n, j, i, in_dv, in_d, tile, in_tile = _update_axes(dv, d, BLOCK_DV, BLOCK_D)
-    X_n = _state_row(X, n, sXn, sXj, j, i, in_tile)
-    k, b, v_n = _step_inputs(h, beta, v, n, j, i, in_dv, in_d, dv, d)
-    X_n, w_n, r, q_n = _step_forward(X_n, k, b, v_n, eps2)
-    if STORE_STATE:
-        tl.store(X_new + tile, X_n.to(X_new.dtype.element_ty), mask=in_tile)
-    _store_step(w, rho, q, w_n, r, q_n, n, j, in_dv, dv)
+    n = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK_D)
+    in_d = i < d
+    k = _vec(h, n, i, in_d, d)
+    b, r = tl.load(beta + n).to(tl.float32), _key_norm(k, eps2)
+    tl.store(rho + n, r.to(rho.dtype.element_ty))
+    for j in tl.static_range(DV):
+        X_j = _row(X, n, sXn, sXj, j, i, in_d)
+        q_j = tl.sum(X_j * k)
+        w_j = b * r * (tl.load(v + n * DV + j).to(tl.float32) - r * q_j)
+        tl.store(q + n * DV + j, q_j.to(q.dtype.element_ty))
+        tl.store(w + n * DV + j, w_j.to(w.dtype.element_ty))
+        if STORE_STATE:
+            tl.store(X_new + (n * DV + j) * d + i, (X_j + w_j * k).to(X_new.dtype.element_ty), mask=in_d)
 
 
 @triton.jit
-def _update_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, sXn, sXj, dv, d,
-                            HAS_G_W: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
-    n, j, i, in_dv, in_d, tile, in_tile = _update_axes(dv, d, BLOCK_DV, BLOCK_D)
-    X_n = _state_row(X, n, sXn, sXj, j, i, in_tile)
-    k, b, v_n = _step_inputs(h, beta, v, n, j, i, in_dv, in_d, dv, d)
-    G_n = tl.load(G + tile, mask=in_tile, other=0.0).to(tl.float32)
-    r, q_n, g_w_n = _step_saved(rho, q, g_w, n, j, in_dv, dv, HAS_G_W)
-    g_X_n, g_k, g_b, g_res = _step_backward(G_n, g_w_n, X_n, k, b, v_n, r, q_n)
-    tl.store(g_X + tile, g_X_n.to(g_X.dtype.element_ty), mask=in_tile)
-    _store_step_grads(g_h, g_beta, g_v, g_k, g_b, g_res, n, j, i, in_dv, in_d, dv, d)
+def _channel_backward(G_j, X_j, k, b, r, v_j, q_j, g_w_j):
+    """One channel's share of the update's backward: dL/dw_j = G_j . k~ + g_w_j, then (dL/dX_j, dL/dv_j, its terms of
+    dL/dbeta and dL/drho, and of dL/dk~ beside -rho^3 k~ dL/drho: w_j G_j + g_q_j X_j)."""
+    g_w_j += tl.sum(G_j * k)
+    res = v_j - r * q_j                                            # v_j - k^T X_j
+    g_res = g_w_j * b * r                                          # = dL/dv_j
+    g_q = -g_res * r
+    return (G_j + g_q * k, g_res, g_w_j * r * res, g_w_j * b * res - g_res * q_j, (b * r * res) * G_j + g_q * X_j)
+
+
+@_tuned(*ROW_CHOICES, key=["d", "DV"])
+@triton.jit
+def _update_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, sXn, sXj, d,
+                            HAS_G_W: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    n = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK_D)
+    in_d = i < d
+    k = _vec(h, n, i, in_d, d)
+    b, r = tl.load(beta + n).to(tl.float32), tl.load(rho + n).to(tl.float32)
+    g_k = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    g_b, g_r = 0.0, 0.0
+    for j in tl.static_range(DV):
+        g_w_j = tl.load(g_w + n * DV + j).to(tl.float32) if HAS_G_W else 0.0
+        g_X_j, g_v_j, g_b_j, g_r_j, g_k_j = _channel_backward(
+            _vec(G, n * DV + j, i, in_d, d), _row(X, n, sXn, sXj, j, i, in_d), k, b, r,
+            tl.load(v + n * DV + j).to(tl.float32), tl.load(q + n * DV + j).to(tl.float32), g_w_j)
+        tl.store(g_X + (n * DV + j) * d + i, g_X_j.to(g_X.dtype.element_ty), mask=in_d)
+        tl.store(g_v + n * DV + j, g_v_j.to(g_v.dtype.element_ty))
+        g_b, g_r, g_k = g_b + g_b_j, g_r + g_r_j, g_k + g_k_j
+    tl.store(g_h + n * d + i, (g_k - g_r * r * r * r * k).to(g_h.dtype.element_ty), mask=in_d)   # through rho
+    tl.store(g_beta + n, g_b.to(g_beta.dtype.element_ty))
 
 
 # ---- a d_v > 1 block's second update (DeltaWrite): the mid state X + w_a k~_a^T rebuilt per token, updated, and
-# read by the next block's taps A over the last L tokens (each recomputed where the read needs it) ----
+# read by the next block's taps over the last L tokens (each rebuilt where the read needs it). A_lag: the taps by lag,
+# (L, DV, d) contiguous ----
 
+@_tuned(*ROW_CHOICES, key=["d", "DV"])
 @triton.jit
-def _write_forward_kernel(X, h_a, w_a, h, beta, v, A, X_new, w, rho, q, x_next, eps2, sXn, sXj, T, L, dv, d,
-                          STORE_STATE: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
-    n, j, i, in_dv, in_d, tile, in_tile = _update_axes(dv, d, BLOCK_DV, BLOCK_D)
+def _write_forward_kernel(X, h_a, w_a, h, beta, v, A_lag, X_new, w, rho, q, x_next, eps2, sXn, sXj, T, d,
+                          STORE_STATE: tl.constexpr, L: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    n = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK_D)
+    in_d = i < d
     read = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    for back in range(L):
-        lag = L - 1 - back                                        # oldest first; lag 0 (this token) last
-        if lag <= n % T:                                          # t - lag within the sequence
+    for lag in tl.static_range(L):
+        if lag <= n % T:                                           # t - lag within the sequence
             s = n - lag
-            X_mid = _mid_row(X, h_a, w_a, s, sXn, sXj, j, i, in_dv, in_d, in_tile, dv, d)
-            k, b, v_s = _step_inputs(h, beta, v, s, j, i, in_dv, in_d, dv, d)
-            X_out, w_s, r, q_s = _step_forward(X_mid, k, b, v_s, eps2)
-            read += tl.sum(_taps_at(A, lag, j, i, in_tile, L, d) * X_out, axis=0)
+            k_a, k = _vec(h_a, s, i, in_d, d), _vec(h, s, i, in_d, d)
+            b, r = tl.load(beta + s).to(tl.float32), _key_norm(k, eps2)
+            for j in tl.static_range(DV):
+                X_j = _row(X, s, sXn, sXj, j, i, in_d) + tl.load(w_a + s * DV + j).to(tl.float32) * k_a
+                q_j = tl.sum(X_j * k)
+                w_j = b * r * (tl.load(v + s * DV + j).to(tl.float32) - r * q_j)
+                out_j = X_j + w_j * k
+                read += _vec(A_lag, lag * DV + j, i, in_d, d) * out_j
+                if lag == 0:
+                    tl.store(q + n * DV + j, q_j.to(q.dtype.element_ty))
+                    tl.store(w + n * DV + j, w_j.to(w.dtype.element_ty))
+                    if STORE_STATE:
+                        tl.store(X_new + (n * DV + j) * d + i, out_j.to(X_new.dtype.element_ty), mask=in_d)
             if lag == 0:
-                if STORE_STATE:
-                    tl.store(X_new + tile, X_out.to(X_new.dtype.element_ty), mask=in_tile)
-                _store_step(w, rho, q, w_s, r, q_s, n, j, in_dv, dv)
+                tl.store(rho + n, r.to(rho.dtype.element_ty))
     tl.store(x_next + n * d + i, read.to(x_next.dtype.element_ty), mask=in_d)
 
 
+@_tuned(*ROW_CHOICES, key=["d", "DV"])
 @triton.jit
-def _write_backward_kernel(G, g_w, g_next, X, h_a, w_a, h, beta, v, rho, q, A, G_mid, g_h, g_beta, g_v, sXn, sXj, T,
-                           L, dv, d, HAS_G: tl.constexpr, HAS_G_W: tl.constexpr, BLOCK_DV: tl.constexpr,
+def _write_backward_kernel(G, g_w, g_next, X, h_a, w_a, h, beta, v, rho, q, A_lag, G_mid, g_h, g_beta, g_v, sXn, sXj,
+                           T, d, HAS_G: tl.constexpr, HAS_G_W: tl.constexpr, L: tl.constexpr, DV: tl.constexpr,
                            BLOCK_D: tl.constexpr):
     """dL/dX_out (G, or zero) plus the read's sum over lag of A_lag * g_next[t+lag], then the update's backward at the
     rebuilt mid state: dL/dX_mid, dL/dk~, dL/dbeta, dL/dv. (The taps' gradient: _write_taps_kernel.)"""
-    n, j, i, in_dv, in_d, tile, in_tile = _update_axes(dv, d, BLOCK_DV, BLOCK_D)
-    G_n = tl.zeros((BLOCK_DV, BLOCK_D), dtype=tl.float32)
-    if HAS_G:
-        G_n += tl.load(G + tile, mask=in_tile, other=0.0).to(tl.float32)
-    for lag in range(L):
-        if n % T + lag < T:                                       # X_out[t] feeds the read at t + lag
-            g_ahead = tl.load(g_next + (n + lag) * d + i, mask=in_d, other=0.0).to(tl.float32)
-            G_n += _taps_at(A, lag, j, i, in_tile, L, d) * g_ahead[None, :]
-    X_mid = _mid_row(X, h_a, w_a, n, sXn, sXj, j, i, in_dv, in_d, in_tile, dv, d)
-    k, b, v_n = _step_inputs(h, beta, v, n, j, i, in_dv, in_d, dv, d)
-    r, q_n, g_w_n = _step_saved(rho, q, g_w, n, j, in_dv, dv, HAS_G_W)
-    G_n, g_k, g_b, g_res = _step_backward(G_n, g_w_n, X_mid, k, b, v_n, r, q_n)
-    tl.store(G_mid + tile, G_n.to(G_mid.dtype.element_ty), mask=in_tile)
-    _store_step_grads(g_h, g_beta, g_v, g_k, g_b, g_res, n, j, i, in_dv, in_d, dv, d)
+    n = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK_D)
+    in_d = i < d
+    k_a, k = _vec(h_a, n, i, in_d, d), _vec(h, n, i, in_d, d)
+    b, r = tl.load(beta + n).to(tl.float32), tl.load(rho + n).to(tl.float32)
+    g_k = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    g_b, g_r = 0.0, 0.0
+    for j in tl.static_range(DV):
+        G_j = _vec(G, n * DV + j, i, in_d, d) if HAS_G else tl.zeros((BLOCK_D,), dtype=tl.float32)
+        for lag in tl.static_range(L):
+            if n % T + lag < T:                                    # X_out[t] feeds the read at t + lag
+                G_j += _vec(A_lag, lag * DV + j, i, in_d, d) * _vec(g_next, n + lag, i, in_d, d)
+        X_j = _row(X, n, sXn, sXj, j, i, in_d) + tl.load(w_a + n * DV + j).to(tl.float32) * k_a
+        g_w_j = tl.load(g_w + n * DV + j).to(tl.float32) if HAS_G_W else 0.0
+        G_j, g_v_j, g_b_j, g_r_j, g_k_j = _channel_backward(G_j, X_j, k, b, r, tl.load(v + n * DV + j).to(tl.float32),
+                                                             tl.load(q + n * DV + j).to(tl.float32), g_w_j)
+        tl.store(G_mid + (n * DV + j) * d + i, G_j.to(G_mid.dtype.element_ty), mask=in_d)
+        tl.store(g_v + n * DV + j, g_v_j.to(g_v.dtype.element_ty))
+        g_b, g_r, g_k = g_b + g_b_j, g_r + g_r_j, g_k + g_k_j
+    tl.store(g_h + n * d + i, (g_k - g_r * r * r * r * k).to(g_h.dtype.element_ty), mask=in_d)
+    tl.store(g_beta + n, g_b.to(g_beta.dtype.element_ty))
 
 
 # ---- a DeltaProduct sublayer's S updates: one program per token, its tile in registers from step to step;
@@ -366,9 +428,9 @@ def _tile_rows(x, rows, valid, i, in_d, d):
 
 
 @triton.jit
-def _tap(A, j, lag, i, in_d, L, d):
-    """The taps A[j, i, L-1-lag] of one channel and lag, over this program's features, fp32."""
-    return tl.load(A + (j * d + i) * L + (L - 1 - lag), mask=in_d, other=0.0).to(tl.float32)
+def _tap(A_lag, j, lag, i, in_d, dv, d):
+    """The taps of channel j at one lag over this program's features, fp32; A_lag (L, dv, d) by lag."""
+    return tl.load(A_lag + (lag * dv + j) * d + i, mask=in_d, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -377,8 +439,12 @@ def _store_tap_gradient(partials, value, j, lag, i, in_d, L, dv, d):
     tl.store(partials + tl.program_id(0).to(tl.int64) * dv * d * L + (j * d + i) * L + (L - 1 - lag), value, mask=in_d)
 
 
+TILE_CHOICES = [(4, {"BLOCK_D": 128}), (8, {"BLOCK_D": 128}), (4, {"BLOCK_D": 64}), (8, {"BLOCK_D": 256})]
+
+
+@_tuned(*TILE_CHOICES, key=["d", "dv", "L"])
 @triton.jit
-def _rank_one_forward_kernel(w, h, A, x, N, T, L, dv, d, TOK: tl.constexpr, BLOCK_D: tl.constexpr):
+def _rank_one_forward_kernel(w, h, A_lag, x, N, T, L, dv, d, TOK: tl.constexpr, BLOCK_D: tl.constexpr):
     """x[t] = sum over lag of (sum_j w[t-lag, j] A[j, :, L-1-lag]) * k~[t-lag]."""
     n, i, in_n, in_d, in_tile = _token_tile(N, d, TOK, BLOCK_D)
     out = tl.zeros((TOK, BLOCK_D), dtype=tl.float32)
@@ -388,13 +454,14 @@ def _rank_one_forward_kernel(w, h, A, x, N, T, L, dv, d, TOK: tl.constexpr, BLOC
         coefficient = tl.zeros((TOK, BLOCK_D), dtype=tl.float32)
         for j in range(dv):
             w_j = tl.load(w + src * dv + j, mask=seen, other=0.0).to(tl.float32)
-            coefficient += w_j[:, None] * _tap(A, j, lag, i, in_d, L, d)[None, :]
+            coefficient += w_j[:, None] * _tap(A_lag, j, lag, i, in_d, dv, d)[None, :]
         out += coefficient * _tile_rows(h, src, seen, i, in_d, d)
     tl.store(x + n[:, None] * d + i[None, :], out.to(x.dtype.element_ty), mask=in_tile)
 
 
+@_tuned((4, {}), (8, {}), (2, {}), key=["d", "dv", "L"])
 @triton.jit
-def _rank_one_backward_kernel(g, w, h, A, g_w_partials, g_h, partials, N, T, L, dv, d, TOK: tl.constexpr,
+def _rank_one_backward_kernel(g, w, h, A_lag, g_w_partials, g_h, partials, N, T, L, dv, d, TOK: tl.constexpr,
                               BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
     """With P = g[t+lag] * k~[t]: g_k~[t] = sum over lag of g[t+lag] (sum_j w[t, j] A_lag[j]), this feature block's
     share of g_w[t, j] = sum over lag, i of P A_lag[j], and this tile's sum_t w[t, j] P per tap."""
@@ -408,7 +475,7 @@ def _rank_one_backward_kernel(g, w, h, A, g_w_partials, g_h, partials, N, T, L, 
         P = g_ahead * k
         coefficient = tl.zeros((TOK, BLOCK_D), dtype=tl.float32)
         for j in range(dv):
-            a = _tap(A, j, lag, i, in_d, L, d)
+            a = _tap(A_lag, j, lag, i, in_d, dv, d)
             w_j = tl.load(w + n * dv + j, mask=in_n, other=0.0).to(tl.float32)
             coefficient += w_j[:, None] * a[None, :]
             g_w += tl.where(jj[None, :] == j, tl.sum(P * a[None, :], axis=1)[:, None], 0.0)
@@ -419,6 +486,7 @@ def _rank_one_backward_kernel(g, w, h, A, g_w_partials, g_h, partials, N, T, L, 
              mask=in_n[:, None] & (jj < dv)[None, :])
 
 
+@_tuned(*TILE_CHOICES, key=["d", "dv", "L"])
 @triton.jit
 def _write_taps_kernel(g_next, X, h_a, w_a, h, beta, v, rho, q, partials, sXn, sXj, N, T, L, dv, d,
                        TOK: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -441,6 +509,7 @@ def _write_taps_kernel(g_next, X, h_a, w_a, h, beta, v, rho, q, partials, sXn, s
 
 # ---- a sublayer's RMSNorm with the gates' maps of its output and input (norm_projections): one row a program ----
 
+@_tuned((4, {}), (2, {}), (8, {}), (1, {}), key=["d", "nc", "nx"])
 @triton.jit
 def _norm_forward_kernel(x, g, W_c, W_x, c, l_c, l_x, rho, eps, nc, nx, d, BLOCK_C: tl.constexpr,
                          BLOCK_X: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -460,6 +529,7 @@ def _norm_forward_kernel(x, g, W_c, W_x, c, l_c, l_x, rho, eps, nc, nx, d, BLOCK
     tl.store(l_x + n * nx + kx, tl.sum(W_xn.to(tl.float32) * x_n[None, :], axis=1), mask=kx < nx)
 
 
+@_tuned((4, {}), (8, {}), (2, {}), key=["d", "nc", "nx"])
 @triton.jit
 def _norm_backward_kernel(g_c, g_lc, g_lx, x, g, W_c, W_x, rho, g_x, partials, N, nc, nx, d, TOKENS: tl.constexpr,
                           BLOCK_C: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -497,9 +567,14 @@ def _norm_backward_kernel(g_c, g_lc, g_lx, x, g, W_c, W_x, rho, g_x, partials, N
 # ---- the ops ----
 
 def _update_grid(dv: int, d: int) -> dict:
-    """Block sizes and warps for the update's (dv, d) tile: about 8 fp32 values of each tile a thread."""
+    """Block sizes and warps for the DeltaProduct steps' (dv, d) tile: about 8 fp32 values of each tile a thread."""
     block_dv, block_d = triton.next_power_of_2(dv), triton.next_power_of_2(d)
     return dict(BLOCK_DV=block_dv, BLOCK_D=block_d, num_warps=min(16, max(1, block_dv * block_d // 256)))
+
+
+def _row_grid(dv: int, d: int) -> dict:
+    """The row kernels' channels and block of features (their warps: tuned)."""
+    return dict(DV=dv, BLOCK_D=triton.next_power_of_2(d))
 
 
 def _block_d(d: int) -> int:
@@ -526,14 +601,15 @@ def _by_chunk(kernel, tensors: tuple, taps: torch.Tensor, B: int, T: int, dv: in
 
 
 TOKENS_PER_TILE = 32        # tokens a tiled program covers: the token sums' partials, in tile order
-TILE_FEATURES = 128         # features a tiled program covers
+TILE_FEATURES = 128         # features a tiled program covers where they set the size of a partial
 
 
 def _by_tile(kernel, tensors: tuple, N: int, d: int, **blocks) -> None:
-    """Launches a tiled kernel, kernel(*tensors, ..., TOK, BLOCK_D): one program per tile of tokens and features."""
-    block_d = min(TILE_FEATURES, triton.next_power_of_2(d))
-    kernel[(triton.cdiv(N, TOKENS_PER_TILE), triton.cdiv(d, block_d))](*tensors, TOK=TOKENS_PER_TILE,
-                                                                          BLOCK_D=block_d, **blocks)
+    """Launches a tiled kernel, kernel(*tensors, ..., TOK, BLOCK_D): one program per tile of tokens and features
+    (BLOCK_D given, or tuned)."""
+    kernel[lambda meta: (triton.cdiv(N, TOKENS_PER_TILE), triton.cdiv(d, meta["BLOCK_D"]))](*tensors,
+                                                                                              TOK=TOKENS_PER_TILE,
+                                                                                              **blocks)
 
 
 def _tap_partials(taps: torch.Tensor, N: int) -> torch.Tensor:
@@ -541,8 +617,12 @@ def _tap_partials(taps: torch.Tensor, N: int) -> torch.Tensor:
     return taps.new_empty((triton.cdiv(N, TOKENS_PER_TILE), *taps.shape), dtype=torch.float32)
 
 
+def _tile_features(d: int) -> int:
+    return min(TILE_FEATURES, triton.next_power_of_2(d))
+
+
 def _feature_blocks(d: int) -> int:
-    return triton.cdiv(d, min(TILE_FEATURES, triton.next_power_of_2(d)))
+    return triton.cdiv(d, _tile_features(d))
 
 
 # Custom ops, opaque to torch.compile: one kernel a direction leaves inductor nothing to fuse, and their fakes give
@@ -555,6 +635,11 @@ def _update_outputs(X: torch.Tensor, S: int | None = None) -> tuple[torch.Tensor
     steps, acc = () if S is None else (S,), torch.promote_types(X.dtype, torch.float32)
     return (X.new_empty(X.shape), X.new_empty(B, T, *steps, dv, dtype=acc), X.new_empty(B, T, S or 1, dtype=acc),
             X.new_empty(B, T, *steps, dv, dtype=acc))
+
+
+def _by_lag(A: torch.Tensor) -> torch.Tensor:
+    """Taps (dv, d, L), tap L-1 the current token's, as (L, dv, d) by lag, contiguous."""
+    return A.flip(-1).permute(2, 0, 1).contiguous()
 
 
 def _state_strides(X: torch.Tensor) -> tuple[torch.Tensor, int, int]:
@@ -583,8 +668,8 @@ def update_forward(X: torch.Tensor, h: torch.Tensor, beta: torch.Tensor, v: torc
     (X, sXn, sXj), (h, beta, v) = _state_strides(X), (t.contiguous() for t in (h, beta, v))
     B, T, dv, d = X.shape
     X_new, w, rho, q = outputs = _update_outputs(X)
-    _update_forward_kernel[(B * T,)](X, h, beta, v, X_new, w, rho, q, eps2, sXn, sXj, dv, d, STORE_STATE=True,
-                                     **_update_grid(dv, d))
+    _update_forward_kernel[(B * T,)](X, h, beta, v, X_new, w, rho, q, eps2, sXn, sXj, d, STORE_STATE=True,
+                                     **_row_grid(dv, d))
     return outputs
 
 
@@ -603,8 +688,8 @@ def update_backward(G: torch.Tensor, g_w: Optional[torch.Tensor], X: torch.Tenso
     g_w = g_w.contiguous() if has_g_w else G                      # not read when absent
     B, T, dv, d = X.shape
     g_X, g_h, g_beta, g_v = grads = _update_grads(G, h, beta, v)
-    _update_backward_kernel[(B * T,)](G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, sXn, sXj, dv, d,
-                                      HAS_G_W=has_g_w, **_update_grid(dv, d))
+    _update_backward_kernel[(B * T,)](G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, sXn, sXj, d,
+                                      HAS_G_W=has_g_w, **_row_grid(dv, d))
     return grads
 
 
@@ -620,8 +705,8 @@ def key_forward(X: torch.Tensor, h: torch.Tensor, beta: torch.Tensor, v: torch.T
     (X, sXn, sXj), (h, beta, v) = _state_strides(X), (t.contiguous() for t in (h, beta, v))
     B, T, dv, d = X.shape
     _, w, rho, q = _update_outputs(X)
-    _update_forward_kernel[(B * T,)](X, h, beta, v, X, w, rho, q, eps2, sXn, sXj, dv, d, STORE_STATE=False,
-                                     **_update_grid(dv, d))
+    _update_forward_kernel[(B * T,)](X, h, beta, v, X, w, rho, q, eps2, sXn, sXj, d, STORE_STATE=False,
+                                     **_row_grid(dv, d))
     return w, rho, q
 
 
@@ -642,11 +727,11 @@ def write_forward(X: torch.Tensor, h_a: torch.Tensor, w_a: torch.Tensor, h: torc
                   v: torch.Tensor, A: torch.Tensor, eps2: float,
                   store_state: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """X_out (empty unless store_state), w, rho, q, x_next (see eager.write_forward)."""
-    (X, sXn, sXj), others = _state_strides(X), [t.contiguous() for t in (h_a, w_a, h, beta, v, A)]
+    (X, sXn, sXj), others = _state_strides(X), [t.contiguous() for t in (h_a, w_a, h, beta, v)] + [_by_lag(A)]
     B, T, dv, d = X.shape
     X_out, w, rho, q, x_next = outputs = _write_outputs(X, store_state)
-    _write_forward_kernel[(B * T,)](X, *others, X_out, w, rho, q, x_next, eps2, sXn, sXj, T, A.size(-1), dv, d,
-                                    STORE_STATE=store_state, **_update_grid(dv, d))
+    _write_forward_kernel[(B * T,)](X, *others, X_out, w, rho, q, x_next, eps2, sXn, sXj, T, d, STORE_STATE=store_state,
+                                    L=A.size(-1), **_row_grid(dv, d))
     return outputs
 
 
@@ -668,8 +753,9 @@ def write_backward(G: Optional[torch.Tensor], g_w: Optional[torch.Tensor], g_nex
     g_w = g_w.contiguous() if has_g_w else g_next
     B, T, dv, d = X.shape
     G_mid, g_h, g_beta, g_v = _update_grads(X, h, beta, v)
-    _write_backward_kernel[(B * T,)](G, g_w, g_next, X, h_a, w_a, h, beta, v, rho, q, A, G_mid, g_h, g_beta, g_v, sXn,
-                                     sXj, T, A.size(-1), dv, d, HAS_G=has_g, HAS_G_W=has_g_w, **_update_grid(dv, d))
+    _write_backward_kernel[(B * T,)](G, g_w, g_next, X, h_a, w_a, h, beta, v, rho, q, _by_lag(A), G_mid, g_h, g_beta,
+                                     g_v, sXn, sXj, T, d, HAS_G=has_g, HAS_G_W=has_g_w, L=A.size(-1),
+                                     **_row_grid(dv, d))
     partials = _tap_partials(A, B * T)
     _by_tile(_write_taps_kernel, (g_next, X, h_a, w_a, h, beta, v, rho, q, partials, sXn, sXj, B * T, T, A.size(-1),
                                   dv, d), B * T, d)
@@ -748,7 +834,7 @@ def norm_forward(x: torch.Tensor, g: torch.Tensor, W_c: torch.Tensor, W_x: torch
     d = x.size(-1)
     c, l_c, l_x, rho = outputs = _norm_outputs(x, W_c, W_x, c_dtype)
     _norm_forward_kernel[(x.numel() // d,)](x, g, W_c, W_x, c, l_c, l_x, rho, eps, W_c.size(0), W_x.size(0), d,
-                                            **_norm_blocks(W_c, W_x, d), num_warps=4)
+                                            **_norm_blocks(W_c, W_x, d))
     return outputs
 
 
@@ -769,7 +855,7 @@ def norm_backward(g_c: torch.Tensor, g_lc: torch.Tensor, g_lx: torch.Tensor, x: 
     g_x = x.new_empty(x.shape)
     partials = x.new_empty(chunks, 1 + nc + nx, d, dtype=torch.float32)
     _norm_backward_kernel[(chunks,)](g_c, g_lc, g_lx, x, g, W_c, W_x, rho, g_x, partials, N, nc, nx, d,
-                                     TOKENS=NORM_TOKENS_PER_CHUNK, **_norm_blocks(W_c, W_x, d), num_warps=4)
+                                     TOKENS=NORM_TOKENS_PER_CHUNK, **_norm_blocks(W_c, W_x, d))
     return g_x, partials[:, 0].sum(0), partials[:, 1:1 + nc].sum(0), partials[:, 1 + nc:].sum(0)
 
 
@@ -802,7 +888,7 @@ def rank_one_forward(w: torch.Tensor, h: torch.Tensor, A: torch.Tensor) -> torch
     w, h, A = w.contiguous(), h.contiguous(), A.contiguous()
     B, T, d = h.shape
     x = w.new_empty(h.shape)
-    _by_tile(_rank_one_forward_kernel, (w, h, A, x, B * T, T, A.size(-1), w.size(-1), d), B * T, d)
+    _by_tile(_rank_one_forward_kernel, (w, h, _by_lag(A), x, B * T, T, A.size(-1), w.size(-1), d), B * T, d)
     return x
 
 
@@ -820,8 +906,8 @@ def rank_one_backward(g: torch.Tensor, w: torch.Tensor, h: torch.Tensor,
     g_h = h.new_empty(h.shape)
     g_w_partials = w.new_empty((_feature_blocks(d), B, T, dv), dtype=torch.float32)   # one per feature block
     partials = _tap_partials(A, N)
-    _by_tile(_rank_one_backward_kernel, (g, w, h, A, g_w_partials, g_h, partials, N, T, A.size(-1), dv, d), N, d,
-             BLOCK_DV=triton.next_power_of_2(dv))
+    _by_tile(_rank_one_backward_kernel, (g, w, h, _by_lag(A), g_w_partials, g_h, partials, N, T, A.size(-1), dv, d),
+             N, d, BLOCK_DV=triton.next_power_of_2(dv), BLOCK_D=_tile_features(d))
     return g_w_partials.sum(0).to(w.dtype), g_h, partials.sum(0).to(A.dtype)
 
 
