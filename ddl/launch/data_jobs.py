@@ -66,17 +66,25 @@ def estimate(need: DataNeed, cpus: int) -> tuple[float, float]:
         raise ConfigError(str(err)) from None
 
 
-def plan_lines(needs: list[DataNeed], launcher) -> list[tuple[str, str, float]]:
-    """A dry run's rows of the preparations: (dataset, what runs it and how long, tokens)."""
+def plan(needs: list[DataNeed], launcher) -> tuple[list[tuple[str, str, float]], str]:
+    """A dry run's view of the preparations: on SLURM a row per prepare job (dataset, where and how long,
+    tokens); the caption's sentence (here: what is prepared first, and how long it takes)."""
+    if not needs:
+        return [], ""
     cpus = prepare_cpus(launcher)
-    rows = []
-    for need in needs:
-        tokens, seconds = estimate(need, cpus)
-        where = (f"one CPU-only SLURM job, {plural(cpus, 'CPU')}"
-                 + (f", partition {launcher.params['prepare_partition']}" if launcher.params.get("prepare_partition")
-                    else "") if launcher._EXECUTOR == "slurm" else f"here first, {plural(cpus, 'core')}")
-        rows.append((need.name, f"{where}: {about(seconds)}; {plural(len(need.jobs), 'job')} wait on it", tokens))
-    return rows
+    estimates = [estimate(need, cpus) for need in needs]
+    rate = "at the tokens/s one worker was measured at (ddl/launch/estimate.py), times the workers"
+    if launcher._EXECUTOR != "slurm":
+        return [], "Data first, here: " + "; ".join(
+            f"{need.name} (~{tokens:.3g} tokens), {about(seconds)} on {plural(cpus, 'core')}"
+            for need, (tokens, seconds) in zip(needs, estimates, strict=True)) + f" ({rate})."
+    partition = launcher.params.get("prepare_partition")
+    rows = [(need.name, f"one CPU-only SLURM job, {plural(cpus, 'CPU')}" + (f", partition {partition}" if partition
+                                                                             else "")
+             + f": {about(seconds)}; {plural(len(need.jobs), 'job')} wait on it", tokens)
+            for need, (tokens, seconds) in zip(needs, estimates, strict=True)]
+    return rows, (f"Data first: each prepare job runs before the jobs that read its dataset, which are submitted "
+                  f"with --dependency=afterok on it (its time {rate}).")
 
 
 def about(seconds: float) -> str:

@@ -102,7 +102,7 @@ class SweepLauncher(BaseSubmititLauncher):
             needs = self.missing_data(plan.jobs)
             if self.config.dry_run:
                 job_table(plan.jobs, self.params.get("gpus_per_node") or 0, self.bound(len(plan.jobs)),
-                          self.params.get("cpus_per_task") or 1, data_jobs.plan_lines(needs, self)).print()
+                          self.params.get("cpus_per_task") or 1, data_jobs.plan(needs, self)).print()
                 return []
             if needs and self._EXECUTOR == "local":   # here, first, on the machine's cores: a bad source leaves
                 data_jobs.prepare_here(needs)           # nothing (this block's refusal)

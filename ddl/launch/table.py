@@ -142,22 +142,13 @@ def _checkpoint_caption(jobs, costs, to_run: list[bool]) -> str:
             f"final uploads only the last, none nothing).")
 
 
-def _data_caption(preparing) -> str:
-    if not preparing:
-        return ""
-    from .estimate import PREPARE_TOKENS_PER_CORE_S
-    rates = ", ".join(f"{name} {rate / 1e3:,.0f}k" for name, rate in PREPARE_TOKENS_PER_CORE_S.items())
-    return (f"Data first: {plural(len(preparing), 'dataset')} to prepare before the jobs that read it train (on "
-            f"SLURM a CPU-only job each, those jobs submitted with --dependency=afterok on it); hours at the "
-            f"measured tokens/s of one worker ({rates}; ddl/launch/estimate.py) times the workers.")
-
-
-def job_table(jobs, gpus: int, slots: int, threads: int, preparing=()) -> _Printable:
+def job_table(jobs, gpus: int, slots: int, threads: int, data=((), "")) -> _Printable:
     """The plan: each job's name, whether it is done already (finished here, or to be reused from another
     experiment), the overrides that tell it from the others, and its cost: GPU-hours on an H100 where
     the launcher gives GPUs, core-minutes on CPU (and the sweep's wall time on `slots` parallel jobs
-    of `threads` threads). First, a row per dataset to prepare (`preparing`: (name, what runs it, tokens),
-    ddl.launch.data_jobs.plan_lines)."""
+    of `threads` threads). `data`: the datasets to prepare first (ddl.launch.data_jobs.plan): a row per
+    prepare job (name, where and how long, tokens), and the caption's sentence."""
+    preparing, data_caption = data
     from .plan import already_done
     done = already_done(jobs)
     costs = [job_cost(job, gpus) for job in jobs]
@@ -178,7 +169,7 @@ def job_table(jobs, gpus: int, slots: int, threads: int, preparing=()) -> _Print
     caption = " ".join(filter(None, [f"Every job: {' '.join(shared)}." if shared and len(jobs) > 1 else "",
                                      _cost_caption(costs, to_run, slots, threads),
                                      _checkpoint_caption(jobs, costs, to_run),
-                                     _data_caption(preparing),
+                                     data_caption,
                                      f"{plural(len(jobs), 'job')}, {sum(to_run)} to run."]))
     title = "ddl-run: planned jobs (dry run, nothing launched)" + (f": {' '.join(shared)}" if len(jobs) == 1 and shared
                                                                     else "")
