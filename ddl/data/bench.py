@@ -11,7 +11,7 @@ trained here.
 Loader: milliseconds per batch of `BatchLoader` at the paper's shape (1024 tokens a row, 16 and 24 rows)
 over 32 MiB shards, beside a paper-small step.
 
-    python -m ddl.data.bench [--mb 16] [--workers 2] [--tokenizers byte,bpe,gpt2] [--out reports/bench]
+    python -m ddl.data.bench [--mb 40] [--workers 2] [--tokenizers byte,bpe,gpt2] [--out reports/bench]
 
 Writes prepare.{json,md} in --out.
 """
@@ -312,7 +312,7 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddl.data.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mb", type=float, default=16.0, help="megabytes of text in the corpus")
+    parser.add_argument("--mb", type=float, default=40.0, help="megabytes of text in the corpus")
     parser.add_argument("--workers", type=int, default=2, help="the parallel run's workers (beside one)")
     parser.add_argument("--tokenizers", default="byte,bpe,gpt2")
     parser.add_argument("--out", type=Path, default=None, help="where prepare.{json,md} go (default reports/bench)")
