@@ -218,3 +218,21 @@ def test_a_damaged_fineweb_file_stops_ddl_run_in_one_line_and_leaves_nothing(fin
                   "data.tokenizer=byte")
     assert_one_line(out, "ddl-run: error: ", f"data.fineweb_name='{glob}': {shown}Parquet magic bytes not found")
     assert_nothing_created(ddl_home)
+
+
+@pytest.mark.slow
+def test_the_data_bench_measures_each_tokenizer_on_one_and_two_workers(tmp_path, monkeypatch):
+    """python -m ddl.data.bench on a small corpus: a row per tokenizer and worker count, the same manifest on
+    both, GPT-2's absence said (no network here) and its stand-in measured, the loader's ms per batch."""
+    from ddl.data.bench import main
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "no-tiktoken-cache"))
+    assert main(["--mb", "1", "--tokenizers", "byte,bpe,gpt2", "--out", str(tmp_path / "out")]) == 0
+    result = json.loads((tmp_path / "out" / "prepare.json").read_text())
+    tokenizers = result["prepare"]["tokenizers"]
+    assert [r["workers"] for r in tokenizers["bpe"]["runs"]] == [1, 2] and tokenizers["bpe"]["same_manifest"]
+    assert tokenizers["byte"]["same_manifest"] and tokenizers["byte"]["runs"][0]["tokens"] > 900_000
+    assert "not cached" in tokenizers["gpt2"]["absent"] and tokenizers["gpt2"]["standin"]["tokens"] > 0
+    assert all(entry["projection"]["hours"]["64"] < entry["projection"]["hours"]["1"] for entry in tokenizers.values())
+    assert set(result["loader"]) == {"cpu B=16", "cpu B=24"}
+    text = (tmp_path / "out" / "prepare.md").read_text()
+    assert "| bpe | 2 |" in text and "50B on 64 cores (h)" in text and "gpt2 stand-in (tiktoken" in text
