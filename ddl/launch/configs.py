@@ -71,9 +71,10 @@ def register() -> None:
 def launcher_schemas() -> dict[str, type]:
     """hydra-submitit-launcher's queue configs with ddl's launcher as target and the fields ddl adds:
     max_parallel (how many jobs run at once; null: CPUs // cpus_per_task locally, all on SLURM) and,
-    on SLURM, srun_args (submitit's, for srun) and the prepare job's own settings (ddl.launch.data_jobs:
-    its partition, null for the jobs'; CPUs; memory; time). conf/hydra/launcher/{local,slurm}.yaml extend
-    these and set only what ddl changes."""
+    on SLURM, srun_args (submitit's, for srun), gpu_memory_gib (each GPU's memory, against which the plan
+    checks a job's estimate) and the prepare job's own settings (ddl.launch.data_jobs: its partition, null
+    for the jobs'; CPUs; memory; time). conf/hydra/launcher/{local,slurm}.yaml extend these and set only
+    what ddl changes."""
     from dataclasses import field, make_dataclass
     from typing import List, Optional
 
@@ -86,6 +87,7 @@ def launcher_schemas() -> dict[str, type]:
     return {"ddl_local_base": extend(LocalQueueConf, "LocalSweepLauncher"),
             "ddl_slurm_base": extend(SlurmQueueConf, "SlurmSweepLauncher",
                                      ("srun_args", Optional[List[str]], field(default=None)),
+                                     ("gpu_memory_gib", float, field(default=80.0)),
                                      ("prepare_partition", Optional[str], field(default=None)),
                                      ("prepare_cpus_per_task", int, field(default=32)),
                                      ("prepare_mem_gb", Optional[int], field(default=64)),

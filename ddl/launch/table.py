@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import paths
-from ..costs import ASSUMED_MFU, BF16_PEAK_FLOPS
+from ..costs import RECORDED_GPU
 from ..text import PROGRESS_DEFAULT_S, PROGRESS_ENV, duration, plural
 from . import status
 from .configs import env_seconds
@@ -116,8 +116,12 @@ def _cost_caption(costs, to_run: list[bool], slots: int, threads: int) -> str:
     cpu = [c.cpu_seconds for c, run in zip(costs, to_run, strict=True) if c.cpu_seconds is not None and run]
     caption = []
     if any(c.cpu_seconds is None for c in costs):
-        caption.append(f"* 6·N·tokens FLOPs at {ASSUMED_MFU:.0%} of an H100's bf16 peak "
-                       f"({BF16_PEAK_FLOPS['H100'] / 1e12:.0f} TFLOP/s); to run: {sum(gpu):.3g} GPU-h.")
+        g = RECORDED_GPU
+        caption.append(f"* the baseline's 6·N FLOPs a token at the MFU `make gpu-check` measured "
+                       f"({g['baseline_mfu']:.1%}, {g['card']}, {g['date']}), plus each arm's extra memory traffic "
+                       f"per token (ddl.traffic, counted) at the measured {g['copy_bytes_per_s'] / 1e12:.1f} TB/s; "
+                       f"to run: {sum(gpu):.3g} GPU-h. GiB/GPU: weights and AdamW state, and the activations a "
+                       f"micro-batch saves.")
     if any(c.cpu_seconds is not None for c in costs):
         wall = wall_seconds(cpu, slots, threads) if cpu else 0.0
         caption.append(f"† training on CPU: 6·N·tokens FLOPs at {CPU_TRAIN_FLOPS / 1e9:.2g} GFLOP/s per core, "
@@ -155,15 +159,16 @@ def job_table(jobs, gpus: int, slots: int, threads: int, data=((), "")) -> _Prin
     shared, own = _overrides(jobs)
     gpu, cpu = any(c.cpu_seconds is None for c in costs), any(c.cpu_seconds is not None for c in costs)
     columns = [Column("job"), Column("status"), Column("overrides", 4), Column("params", 5, True),
-               Column("tokens", 3, True), Column("GPU-h*", 0, True), Column("CPU core-min†", 0, True),
-               Column("signature", 6)]
-    shown = [True, True, any(own), True, True, gpu, cpu, True]
+               Column("tokens", 3, True), Column("GPU-h*", 0, True), Column("GiB/GPU*", 0, True),
+               Column("CPU core-min†", 0, True), Column("signature", 6)]
+    shown = [True, True, any(own), True, True, gpu, gpu, cpu, True]
     rows = [[job.name, Text(done[job.signature], "cyan") if job.signature in done else "to run", others,
              f"{cost.params / 1e6:.2f}M", f"{cost.tokens:.3g}",
              f"{cost.gpu_hours:.3g}" if cost.cpu_seconds is None else "",
+             f"{cost.gpu_memory / 2 ** 30:.0f}" if cost.cpu_seconds is None else "",
              "" if cost.cpu_seconds is None else f"{cost.cpu_seconds / 60:.1f}", job.signature]
             for job, cost, others in zip(jobs, costs, own, strict=True)]
-    rows = [[f"prepare {name}", Text(how, "yellow"), "", "", f"{tokens:.3g}", "", "", ""]
+    rows = [[f"prepare {name}", Text(how, "yellow"), "", "", f"{tokens:.3g}", *[""] * (len(columns) - 5)]
             for name, how, tokens in preparing] + rows
     to_run = [job.signature not in done for job in jobs]
     caption = " ".join(filter(None, [f"Every job: {' '.join(shared)}." if shared and len(jobs) > 1 else "",
