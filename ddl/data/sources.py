@@ -34,7 +34,7 @@ from typing import Iterable, Iterator
 from .config import DataConfig
 
 MIN_DOC_CHARS = 1000
-UNIT_BYTES = 1 << 20     # about the text of one worker's task: small files are grouped up to it, large row groups cut
+UNIT_BYTES = 1 << 20     # about the text of one worker's task: small files are grouped up to it
 
 
 def is_val(doc: str, val_fraction: float) -> bool:
@@ -93,14 +93,13 @@ class Unit:
     """A piece of a source that a worker reads and tokenizes by itself: its documents, in a fixed order.
 
     kind: `embedded` (the whole manual) | `python` (source files, a document each) | `text` (.txt files, a
-    document each) | `jsonl` (a file, a document a line) | `parquet` (rows [start, stop) of a file's row group,
-    a document a row) | `docs` (documents a stream handed the parent). `size`: about its bytes of text, what
-    the ETA counts.
+    document each) | `jsonl` (a file, a document a line) | `parquet` (a file's row group, a document a row:
+    a row group is read whole, so it is not cut) | `docs` (documents a stream handed the parent). `size`:
+    about its bytes of text, what the ETA counts.
     """
     kind: str
     paths: tuple[str, ...] = ()
     row_group: int = 0
-    rows: tuple[int, int] = (0, 0)
     docs: tuple[str, ...] = ()
     size: int = 0
 
@@ -233,10 +232,7 @@ def _parquet_units(path: str) -> Iterator[Unit]:
         row_group = meta.row_group(group)
         size = sum(row_group.column(c).total_uncompressed_size for c in range(row_group.num_columns)
                    if row_group.column(c).path_in_schema == "text")
-        pieces = min(max(1, -(-size // UNIT_BYTES)), max(1, row_group.num_rows))   # each reads the group, keeps
-        bounds = [row_group.num_rows * i // pieces for i in range(pieces + 1)]       # its rows: a decode is cheap
-        for start, stop in itertools.pairwise(bounds):                               # beside the tokenizing
-            yield Unit("parquet", (path,), row_group=group, rows=(start, stop), size=size // pieces)
+        yield Unit("parquet", (path,), row_group=group, size=size)
 
 
 def _json_lines(path: str, cfg: DataConfig) -> Iterator[str]:
@@ -259,9 +255,8 @@ def _file_texts(unit: Unit, path: str, cfg: DataConfig) -> Iterator[str]:
     """.txt: the file is one document; .jsonl: a row's `text` each; parquet: the row group's non-empty `text`s."""
     if unit.kind == "parquet":
         import pyarrow.parquet as pq
-        start, stop = unit.rows
-        texts = pq.ParquetFile(path).read_row_group(unit.row_group, columns=["text"]).column(0)
-        yield from filter(None, texts.slice(start, stop - start).to_pylist())
+        yield from filter(None, pq.ParquetFile(path).read_row_group(unit.row_group, columns=["text"])
+                          .column(0).to_pylist())
         return
     try:
         if unit.kind == "text":
