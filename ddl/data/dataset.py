@@ -105,12 +105,12 @@ class _SplitWriter:
             self.saved = len(self.buffer)
         return self.buffered
 
-    def add(self, tokens: np.ndarray, n_bytes: int) -> None:
-        """A document's tokens, its eot included."""
+    def add(self, tokens: np.ndarray, n_bytes: int, docs: int) -> None:
+        """Whole documents' tokens (each's eot included), their UTF-8 bytes and their count."""
         self.buffer.append(tokens)
         self.buffered += len(tokens)
         self.state["bytes"] += n_bytes
-        self.state["docs"] += 1
+        self.state["docs"] += docs
 
     def flush(self) -> None:
         if not self.buffered:
@@ -219,32 +219,50 @@ class _Build:
 
     def tokenize(self, source, workers: int, meter: Meter) -> None:
         """Every document after the recorded position, in order, to its split's writer (until the budget)."""
-        state, written = self.state, self.written
-        first, skip = state["unit"], state["unit_docs"]
+        first, skip = self.state["unit"], self.state["unit_docs"]
         position, recorded = (first, skip), time.monotonic()
         with contextlib.closing(tokenized(itertools.islice(source, first, None), self.cfg, self.work,
                                           workers)) as chunks:
             for index, chunk in enumerate(chunks, start=first):
-                ends = np.cumsum(chunk.lengths)
-                position = (index + 1, 0)
-                for doc in range(skip if index == first else 0, len(ends)):
-                    split = "val" if chunk.val[doc] else "train"
-                    self.writers[split].add(chunk.tokens[ends[doc] - chunk.lengths[doc]:ends[doc]],
-                                            int(chunk.n_bytes[doc]))
-                    state["docs_done"] += 1
-                    written += int(chunk.lengths[doc])
-                    if self.writers["train"].buffered >= SHARD_TOKENS:
-                        self.checkpoint(index, doc + 1)
-                    if self.budget is not None and written >= self.budget:
-                        position = (index, doc + 1)
-                        break
-                meter.update(written, chunk.size)
-                if position[1]:
+                stop = self.add(chunk, index, skip if index == first else 0)
+                position = (index, stop) if stop is not None else (index + 1, 0)
+                meter.update(self.written, chunk.size)
+                if stop is not None:
                     break
                 if time.monotonic() - recorded >= RECORD_EVERY_S:
                     self.record(*position)
                     recorded = time.monotonic()
         self.checkpoint(*position)
+
+    def add(self, chunk, index: int, doc: int) -> int | None:
+        """The chunk's documents from `doc` on, in order, each to its split: in runs of whole documents up to
+        the next one that fills train's shard (then both splits flushed) or reaches the budget (where it stops:
+        the documents of the chunk taken, returned). The same boundaries as adding one document at a time."""
+        ends = np.cumsum(chunk.lengths)
+        train = self.writers["train"]
+        while doc < len(ends):
+            rest = slice(doc, len(ends))
+            full = train.buffered + np.cumsum(np.where(chunk.val[rest], 0, chunk.lengths[rest])) >= SHARD_TOKENS
+            if self.budget is not None:
+                full |= self.written + np.cumsum(chunk.lengths[rest]) >= self.budget
+            last = doc + (int(np.argmax(full)) if full.any() else len(full) - 1)
+            self.add_run(chunk, ends, doc, last + 1)
+            if train.buffered >= SHARD_TOKENS:
+                self.checkpoint(index, last + 1)
+            if self.budget is not None and self.written >= self.budget:
+                return last + 1
+            doc = last + 1
+        return None
+
+    def add_run(self, chunk, ends: np.ndarray, first: int, stop: int) -> None:
+        """Documents [first, stop) of the chunk to their splits' writers."""
+        tokens = chunk.tokens[ends[first] - chunk.lengths[first]:ends[stop - 1]]
+        held_out = np.repeat(chunk.val[first:stop], chunk.lengths[first:stop])
+        for split, docs, mask in (("train", ~chunk.val[first:stop], ~held_out), ("val", chunk.val[first:stop],
+                                                                                 held_out)):
+            if docs.any():
+                self.writers[split].add(tokens[mask], int(chunk.n_bytes[first:stop][docs].sum()), int(docs.sum()))
+        self.state["docs_done"] += stop - first
 
 
 def prepare(cfg: DataConfig, root: Path | None = None, force: bool = False, progress: bool = True,
