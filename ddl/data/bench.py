@@ -188,10 +188,14 @@ def measure_in_process(cfg: DataConfig, tokenizer) -> dict:
     from .parallel import _library_threads_off, tokenize_unit
     from .sources import units
     load, cpu, start = os.getloadavg()[0], _cpu(resource.RUSAGE_SELF), time.perf_counter()
+    tokens = text = 0
     with _library_threads_off():
-        tokens = sum(int(tokenize_unit(unit, cfg, tokenizer).lengths.sum()) for unit in units(cfg))
+        for unit in units(cfg):
+            done = tokenize_unit(unit, cfg, tokenizer)
+            tokens, text = tokens + int(done.lengths.sum()), text + int(done.n_bytes.sum())
     wall, spent = time.perf_counter() - start, _cpu(resource.RUSAGE_SELF) - cpu
-    return {"workers": 1, "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "cpu_parent_s": spent,
+    return {"workers": 1, "tokens": tokens, "bytes_per_token": text / tokens, "wall_s": wall,
+            "tokens_per_s": tokens / wall, "cpu_parent_s": spent,
             "cpu_workers_s": 0.0, "tokens_per_cpu_s": tokens / spent, "load_before": load,
             "load_after": os.getloadavg()[0]}
 
