@@ -200,11 +200,12 @@ def measure_in_process(cfg: DataConfig, tokenizer) -> dict:
             "load_after": os.getloadavg()[0]}
 
 
-def projection(one: dict, many: dict | None) -> dict:
+def projection(one: dict, many: dict | None, ceiling: float = float("inf")) -> dict:
     """Hours for PAPER_TOKENS on each of PROJECTED_CORES: a worker per core at the measured tokens per CPU-second
-    of a worker, capped by the parent's own pace (tokens per CPU-second of the parent, which writes)."""
+    of a worker (of the parallel run `many`, else of `one`), capped by the parent's own pace (tokens per
+    CPU-second of the parent, which writes: `many`'s, else `ceiling`, another tokenizer's)."""
     if many is None or not many["cpu_workers_s"]:
-        per_worker, ceiling = one["tokens_per_cpu_s"], float("inf")
+        per_worker = one["tokens_per_cpu_s"]
     else:
         per_worker = many["tokens"] / many["cpu_workers_s"]
         ceiling = many["tokens"] / max(many["cpu_parent_s"], 1e-9)
@@ -231,7 +232,9 @@ def bench_prepare(megabytes: float, workers: int, tokenizers: list[str], scratch
                 entry["absent"] = str(err)
                 standin = gpt2_standin(cfg, scratch)
                 entry["standin"] = {**measure_in_process(cfg, standin), "table": standin.vocab_size}
-                entry["projection"] = projection(entry["standin"], None)
+                ceilings = [e["projection"]["parent_ceiling_tokens_per_s"] for e in result["tokenizers"].values()
+                            if e.get("runs") and e["runs"][0]["bytes_per_token"] > 1]   # the parent's work per
+                entry["projection"] = projection(entry["standin"], None, min(ceilings, default=float("inf")))  # token
                 result["tokenizers"][name] = entry
                 continue
         runs = [measure_prepare(cfg, n, scratch / f"{name}-{n}", tokenizer_file) for n in sorted({1, workers})]
