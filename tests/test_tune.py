@@ -26,9 +26,9 @@ def _split(*overrides):
 
 
 def test_the_grammar_splits_rows_from_the_searched_space():
-    rows, space = _split("residual=ddl,baseline", "seed=range(0,2)", "model=micro",
+    rows, space = _split("residual=ddl,baseline", "dv=range(1,3)", "model=micro",
                          "train.lr=tag(log, interval(3e-4, 3e-2))", "conv=choice(none, ec)", "n=int(interval(1, 8))")
-    assert [o.get_key_element() for o in rows] == ["residual", "seed", "model"]
+    assert [o.get_key_element() for o in rows] == ["residual", "dv", "model"]
     lr, conv, n = space
     assert (lr.key, lr.low, lr.high, lr.log, lr.integer) == ("train.lr", 3e-4, 3e-2, True, False)
     assert conv.choices == ("none", "ec") and conv.categorical
@@ -89,6 +89,30 @@ def test_a_dry_run_of_a_search_prints_its_plan_and_launches_nothing(ddl_home):
     assert "planned search (dry run, nothing launched)" in out.stdout
     assert out.stdout.count("tag(log, interval(0.0003, 0.03))") == 2 and "auto: 3, 5, 7" in out.stdout
     assert "at most 28 jobs" in out.stdout and "core-min" in out.stdout      # 2 rows x (8 trials + 6 seeds)
+    assert not ddl_home.exists()
+
+
+def test_the_command_line_replaces_a_named_sweeps_key_search_or_list(ddl_home):
+    """As in Hydra's own sweepers: a list given for a key the sweep file searches makes plain rows (no search),
+    and a range given for a key the sweep file lists searches it; the dry run names the keys replaced."""
+    out = run_cli("ddl-run", "-m", "+sweep=tuned", "+variant=baseline", "train.lr=1e-3,2e-3", "--dry-run")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "the command line replaces the sweep's +variant, train.lr" in out.stdout
+    assert "2 override sets -> 2 distinct jobs" in out.stdout and "planned search" not in out.stdout
+    assert out.stdout.count("baseline-tiny-s0 train.lr=0.00") == 2 and "interval" not in out.stdout
+    out = run_cli("ddl-run", "-m", "+sweep=smoke", "dv=4", "train.lr=tag(log, interval(1e-3, 1e-2))", "--dry-run")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "the command line replaces the sweep's dv" in out.stdout and "planned search" in out.stdout
+    assert out.stdout.count("tag(log, interval(0.001, 0.01))") == 2 and "dv1" not in out.stdout
+    assert not ddl_home.exists()
+
+
+@pytest.mark.parametrize("seeds", ["seed=0,1,2", "seed=range(0,3)"])
+def test_a_seed_list_beside_a_search_is_refused_pointing_to_tune_seeds(ddl_home, seeds):
+    out = run_cli("ddl-run", "-m", "+sweep=tuned", seeds, "--dry-run")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith(f"ddl-run: error: {seeds}: a seed list beside a searched key") and "tune.seeds" in line
     assert not ddl_home.exists()
 
 
