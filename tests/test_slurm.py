@@ -1,6 +1,8 @@
 """The cluster path against a real, private SLURM (scripts/slurm-local): sbatch jobs, failures, requeue."""
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -145,6 +147,27 @@ def test_a_job_the_cluster_lost_ends_the_sweep_and_a_rerun_resumes_it(slurm, ddl
     assert run.info.status == "FINISHED" and run.data.tags["ddl.resumed"] == "true"
     assert logged_steps(run, ("train/loss",)) == (list(range(5, 61, 5)),)
     assert 15 <= int(checkpoint.stem.removeprefix("step_")) < 60
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_a_job_is_submitted_stops_the_sweep(slurm, ddl_home, tmp_path):
+    """SIGINT at the moment of submission (an sbatch on PATH that sends it to the sweep, then runs the real
+    one): the sweep takes it once the job is queued, submits nothing more and exits 130, leaving the queued
+    job to the cluster. A sweep that ignored SIGINT while it submitted lost it and trained both jobs."""
+    wrapper = tmp_path / "bin" / "sbatch"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f"#!/bin/sh\nkill -INT $PPID\nexec {shutil.which('sbatch')} \"$@\"\n")
+    wrapper.chmod(0o755)
+    sweep = start("ddl-run", "-m", "residual=ddl,baseline", *MICRO, *SLURM, "experiment=interrupted",
+                  env_extra={"PATH": f"{wrapper.parent}:{os.environ['PATH']}"})
+    try:
+        out, err = sweep.communicate(timeout=300)
+    finally:
+        for job_id in _job_ids(ddl_home):
+            subprocess.run(["scancel", job_id], check=False)
+    assert sweep.returncode == 130, out[-3000:] + err[-3000:]
+    assert len(_job_ids(ddl_home)) == 1, out[-3000:]
+    assert "left running" in out and "not started" in out and "Traceback" not in err, out[-3000:] + err[-3000:]
 
 
 @pytest.mark.slow

@@ -284,11 +284,13 @@ def _has_ended(handle) -> bool:
 
 @contextlib.contextmanager
 def _children_ignore_sigint():
-    """A job started here ignores Ctrl-C (an ignored signal is inherited): the terminal's SIGINT reaches
-    the whole process group, and submitit's local controller would SIGKILL its tasks a second later,
-    before they close their runs. The launcher itself stops them with SIGTERM instead."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """A job started here ignores Ctrl-C: the terminal's SIGINT reaches the whole process group, and submitit's
+    local controller would SIGKILL its tasks a second later, before they close their runs; the launcher stops
+    them with SIGTERM instead. SIGINT is blocked while the job is submitted: its processes inherit the mask,
+    where a SIGINT waits for ever, and a Ctrl-C that arrives meanwhile waits for the sweep, whose handler takes
+    it as the block ends (ignoring the signal instead, as the sweep once did, lost it)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
