@@ -116,6 +116,17 @@ def test_ddl_run_help_prints_hydras_page(ddl_home, tmp_path, overrides):
     assert "micro" in groups["model"].split(", ") and not list(tmp_path.iterdir()) and not ddl_home.exists()
 
 
+def test_ddl_run_help_imports_neither_hydra_nor_torch(tmp_path):
+    """Plain --help composes the default config with OmegaConf alone (ddl.launch.help): Python's own import log
+    (-X importtime) names no hydra and no torch module."""
+    out = subprocess.run([str(VENV_BIN / "python"), "-X", "importtime", str(VENV_BIN / "ddl-run"), "--help"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0 and "== Config ==" in out.stdout, out.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "ddl.launch.help" in imported and "omegaconf" in imported
+    assert not {m for m in imported if m.split(".")[0] in ("hydra", "torch", "mlflow", "submitit")}
+
+
 def _read_only(folder: Path, *command: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(["unshare", "--mount", "sh", "-c", READ_ONLY, "sh", str(folder), *command], cwd=cwd,
                           capture_output=True, text=True, timeout=300)
