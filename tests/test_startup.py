@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, VENV_BIN, run_cli
+from tests.conftest import ROOT, VENV_BIN, run_cli, slow_except
 
 PACKAGE = ROOT / "ddl"
 # Run a command ("$2"...) with the folder "$1" mounted read-only, in a mount namespace of its own: permission
@@ -96,7 +96,8 @@ def _hydras_own_help(overrides: list[str]) -> str:
     return page.getvalue()
 
 
-@pytest.mark.parametrize("overrides", [[], ["model=micro", "+sweep=smoke", "dv=4"]])
+@pytest.mark.parametrize("overrides", slow_except({"plain": [], "overrides": ["model=micro", "+sweep=smoke", "dv=4"]},
+                                                   "plain"))
 def test_ddl_run_help_prints_hydras_page(ddl_home, tmp_path, overrides):
     """ddl-run lists the config groups itself (Hydra's --help takes most of its time copying its config
     repository, once per group): the page is Hydra's own, to the character, and nothing is written."""
@@ -132,6 +133,7 @@ def _read_only(folder: Path, *command: str, cwd: Path) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_dry_run_writes_nothing_and_works_where_ddl_home_and_the_working_directory_are_read_only(ddl_home,
                                                                                                   tmp_path):
     root, cwd = tmp_path / "read-only", tmp_path / "read-only" / "cwd"
