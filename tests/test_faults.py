@@ -152,4 +152,4 @@ def test_ddl_ui_stopped_by_pid_takes_its_server_along(ddl_home):
     ui.send_signal(signal.SIGTERM)
     ui.communicate(timeout=60)
     assert ui.returncode == 0
-    wait_for(lambda: not serving(port), timeout=30)
+    wait_for(lambda: not serving(port), timeout=120)

@@ -134,7 +134,7 @@ def test_a_job_the_cluster_lost_ends_the_sweep_and_a_rerun_resumes_it(slurm, ddl
     canceller.join()
     said = out.stdout + out.stderr
     assert cancelled, "the job finished before it could be cancelled"
-    assert out.returncode == 1 and ended - cancelled[0] < 40, said[-6000:]
+    assert out.returncode == 1 and ended - cancelled[0] < 150, said[-6000:]     # not the run_cli timeout's 300 s
     assert "left the queue without a result (cancelled); re-run the sweep to resume it" in out.stdout
     assert "ddl-run: 1 of 1 job failed (1 lost: run the sweep again to resume)" in out.stderr
     assert "left running" not in said and "sacct" not in said and "accounting" not in said
@@ -179,7 +179,7 @@ def test_ctrl_c_does_not_call_a_job_the_cluster_lost_left_running(slurm, ddl_hom
     wait_for(lambda: _job_ids(ddl_home) or sweep.poll() is not None, timeout=120)
     [job_id] = _job_ids(ddl_home)
     subprocess.run(["scancel", job_id], check=True)
-    wait_for(lambda: _squeue("-t", "all", "-j", job_id, "-o", "%T") == "CANCELLED", timeout=60)
+    wait_for(lambda: _squeue("-t", "all", "-j", job_id, "-o", "%T") == "CANCELLED", timeout=300)
     sweep.send_signal(signal.SIGINT)
     out, err = sweep.communicate(timeout=120)
     assert sweep.returncode == 130, out[-3000:] + err[-3000:]

@@ -157,6 +157,7 @@ def _run_claimed(cfg: DictConfig, job: Job, run_dir, launcher: str, job_key: str
     status.announce(run_dir, job_key, TRAIN)      # before the trainer's set-up, where the ranks meet
     trainer = _set_up(job, run_dir)
     run = _open_run(job, run_dir, launcher, trainer.step)
+    store.settle_claim()
     opened = run.client.get_run(run.id)
     rival = store.running_elsewhere(job.signature, besides=opened) or _trial_taken(job, besides=opened)
     if rival and job_key is None:  # another home started it at the same moment, and first (a job of several

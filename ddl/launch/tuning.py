@@ -141,6 +141,7 @@ def _carried(jobs: list[Job], space: list[Dimension], size: str | None) -> list[
 
 def _search(launcher, rows: list[RowSearch], tuning: TuneConfig) -> int:
     """Rounds until every row has its trials; returns the next job index."""
+    from ..track import searches
     from ..tune.search import ask, grid_size
     from .launcher import SweepFailed
     index, resumed, known = 0, set(), -1
@@ -160,7 +161,8 @@ def _search(launcher, rows: list[RowSearch], tuning: TuneConfig) -> int:
             waiting |= any(t.state == "running" for t in trials)
             new = min(tuning.parallel or launcher.bound(len(rows)), wanted - len(trials))
             asked = ask(trials, row.space, tuning, max(0, new))
-            free = (n for n in itertools.count() if n not in {t.number for t in trials})   # a number per trial
+            taken = {t.number for t in trials} | searches.numbers_taken(row.job.experiment, row.search)
+            free = (n for n in itertools.count() if n not in taken)        # the lowest numbers no run holds
             batch += [row.overrides(values, "trial", number) for values, number in zip(asked, free, strict=False)]
         if not batch and not waiting:
             return index

@@ -107,6 +107,16 @@ def runs_of(experiment: str, search: str, curves: bool = False, keys=None) -> li
     return trials
 
 
+def numbers_taken(experiment: str, search: str) -> set[int]:
+    """The trial numbers the search's runs in the experiment hold, a run whose searched values are damaged
+    included: a new trial takes none of them (a damaged trial keeps its number, as it keeps its claim)."""
+    c = store.client()
+    found = c.get_experiment_by_name(experiment)
+    runs = [] if found is None else c.search_runs(
+        [found.experiment_id], f"tags.`{SEARCH_TAG}` = '{search}' and tags.`{ROLE_TAG}` = 'trial'")
+    return {int(number) for run in runs if (number := run.data.tags.get(TRIAL_TAG, "")).isdigit()}
+
+
 def trial_taken(experiment: str, search: str, number: int, signature: str, besides=None) -> str | None:
     """Who has trial `number` of the search with other values (another signature): `MLflow run <id> (host,
     home)`, else None. Two homes that ask the same trial number at once claim it like a signature: with
@@ -157,11 +167,12 @@ def parent_run(experiment: str, search: str, name: str, tags: dict) -> str:
     children = c.search_runs([experiment_id], f"tags.`{SEARCH_TAG}` = '{search}'", max_results=1)
     if gone and children:
         parent = children[0].data.tags.get(PARENT_TAG) or gone[0].info.run_id
-        raise DamagedSearch(f"search {name}: its parent MLflow run {parent} is deleted while its trials are not; "
+        raise DamagedSearch(f"{name}: its parent MLflow run {parent} is deleted while its trials are not; "
                             f"restore it (mlflow runs restore --run-id {parent}), or delete its trials as well "
                             f"to search afresh")
     run = TrackedRun.create(experiment, _folder(search), name, {},
                             {**tags, SEARCH_TAG: search, ROLE_TAG: "search"})
+    store.settle_claim()
     first = _parents(c, experiment_id, search)[0]
     if first.info.run_id != run.id:
         run.lose_claim(f"MLflow run {first.info.run_id} ({first.data.tags.get(store.HOME_TAG, 'unknown home')})")
