@@ -144,11 +144,7 @@ def _run_claimed(cfg: DictConfig, job: Job, run_dir, launcher: str, job_key: str
     except ValueError as err:   # the store cannot be used, a damaged journal or download
         raise ConfigError(str(err)) from None
     if done:
-        status.announce(run_dir, job_key, "finished before; skipped")
-        by = f", trained by {done.trained_by}" if done.trained_by else ""
-        print(f"{job.name} [{job.signature}]: already finished in '{job.experiment}' (MLflow run {done.run_id}{by}); "
-              f"skipped")
-        return {"signature": job.signature, "status": "skipped", "run_id": done.run_id, "final": done.final}
+        return _skipped(job, run_dir, job_key, done)
     if elsewhere:
         status.announce(run_dir, job_key, status.reused(elsewhere.experiment))
         return _reuse(job, run_dir, elsewhere)
@@ -159,12 +155,25 @@ def _run_claimed(cfg: DictConfig, job: Job, run_dir, launcher: str, job_key: str
     run = _open_run(job, run_dir, launcher, trainer.step)
     store.settle_claim()
     opened = run.client.get_run(run.id)
+    # Another home started it at the same moment, and first, or has finished it since the look above: this home
+    # leaves it (a job of several tasks, whose ranks have met already, goes on).
     rival = store.running_elsewhere(job.signature, besides=opened) or _trial_taken(job, besides=opened)
-    if rival and job_key is None:  # another home started it at the same moment, and first (a job of several
-        run.lose_claim(rival)      # tasks, whose ranks have met already, goes on)
-        return _left(job, run_dir, job_key, f"{status.ELSEWHERE} ({rival})")
+    done = None if rival else store.finished(job.signature, job.experiment, evaluations)
+    if (rival or done) and job_key is None:
+        run.lose_claim(rival or f"MLflow run {done.run_id}, finished meanwhile")
+        return _skipped(job, run_dir, job_key, done) if done else _left(job, run_dir, job_key,
+                                                                        f"{status.ELSEWHERE} ({rival})")
     status.write(run_dir, state="running", name=job.name, run_id=run.id, reused_from=None, error=None, note=None)
     return _train(cfg, job, run_dir, run, trainer, launcher)
+
+
+def _skipped(job: Job, run_dir, job_key: str | None, done) -> dict:
+    """The job's signature is FINISHED in its experiment (store.Stored): nothing to train."""
+    status.announce(run_dir, job_key, "finished before; skipped")
+    by = f", trained by {done.trained_by}" if done.trained_by else ""
+    print(f"{job.name} [{job.signature}]: already finished in '{job.experiment}' (MLflow run {done.run_id}{by}); "
+          f"skipped")
+    return {"signature": job.signature, "status": "skipped", "run_id": done.run_id, "final": done.final}
 
 
 def _trial_taken(job: Job, besides=None) -> str | None:
