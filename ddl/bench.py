@@ -4,6 +4,7 @@ Every figure is a ratio to the baseline measured in the same process, the arms a
 round by round to cancel drift (thermal, other load). Writes reports/bench/bench.{json,md}.
 
     python -m ddl.bench [--rounds 7] [--steps 3] [--quick] [--arms baseline,ddl_dv4,...] [--orchestrator] [--out DIR]
+    python -m ddl.bench --traffic [--arms ...] [--size small] [--out DIR]
 
 Memory on CPU is the activation memory autograd holds for backward (unique storages saved,
 parameters excluded: what grows with d_v); on CUDA, torch.cuda.max_memory_allocated over a step.
@@ -156,6 +157,44 @@ def model_costs(device: torch.device, shape: dict, batch: int, seq: int, rounds:
                           "params": params, "mfu": training_flops(params, tokens) / median / peak if peak else None,
                           "first_step_s": first_step_s[arm.name], "gradient_error": arm.gradient_error}
     return rows
+
+
+TRAFFIC_BATCH, TRAFFIC_SEQ = 16, 1024
+# The GPU step's targets: extra non-matmul bytes over the baseline's (GB), and saved activations (x the baseline's).
+TRAFFIC_TARGETS = {"ddl_dv1": 2.0, "ddl_dv4": 8.0}
+SAVED_TARGET = 1.3
+
+
+def traffic_costs(names: list[str], size: str) -> dict:
+    """ddl.traffic.step_traffic of each arm at `size`, TRAFFIC_BATCH x TRAFFIC_SEQ tokens, beside the baseline's."""
+    from .traffic import step_traffic
+
+    shape = {**SIZES[size], "vocab_size": ModelConfig.vocab_size}
+    arms = {name: step_traffic(ModelConfig(**shape, **ARMS[name]), TRAFFIC_BATCH, TRAFFIC_SEQ) for name in names}
+    base = arms["baseline"]
+    for row in arms.values():
+        row["extra_non_matmul_bytes"] = row["non_matmul_bytes"] - base["non_matmul_bytes"]
+        row["saved_ratio"] = row["saved_bytes"] / base["saved_bytes"]
+    return {"size": size, "batch": TRAFFIC_BATCH, "seq_len": TRAFFIC_SEQ, "torch": torch.__version__,
+            "path": "CUDA (Triton kernels, bf16 autocast, model.state_dtype=auto: bf16), counted on fake tensors",
+            "arms": arms}
+
+
+def traffic_markdown(result: dict) -> str:
+    lines = [f"# ddl bench: one training step's memory traffic ({result['size']}, {result['batch']} x "
+             f"{result['seq_len']} tokens, {result['path']})", "",
+             "| arm | non-matmul GB | over the baseline (target) | saved GB | x baseline (target) | kernel calls |",
+             "|---|---|---|---|---|---|"]
+    for name, row in result["arms"].items():
+        extra = row["extra_non_matmul_bytes"] / 1e9
+        bound = TRAFFIC_TARGETS.get(name)
+        judged = f"{extra:+.2f}" + ("" if bound is None else f" (<= {bound:g}: {'ok' if extra <= bound else 'MISSED'})")
+        saved = f"{row['saved_ratio']:.2f}"
+        if name == "ddl_dv4":
+            saved += f" (<= {SAVED_TARGET}: {'ok' if row['saved_ratio'] <= SAVED_TARGET else 'MISSED'})"
+        lines.append(f"| {name} | {row['non_matmul_bytes'] / 1e9:.2f} | {judged} | {row['saved_bytes'] / 1e9:.2f} "
+                     f"| {saved} | {row['kernel_calls']:,} |")
+    return "\n".join(lines) + "\n"
 
 
 def peak_flops(device: torch.device) -> float | None:
@@ -380,6 +419,10 @@ def main(argv: list[str] | None = None) -> int:
                         "the baseline always runs: every figure is a ratio to it)")
     parser.add_argument("--orchestrator", action="store_true",
                         help="only the orchestrator's figures (start-up, the 1,000-job plan): orchestrator.{json,md}")
+    parser.add_argument("--traffic", action="store_true",
+                        help="only the memory traffic and saved activations of one GPU training step per arm, counted "
+                             "on fake tensors (no GPU needed): traffic.{json,md}")
+    parser.add_argument("--size", default="small", choices=list(SIZES), help="--traffic's model size (default small)")
     args = parser.parse_args(argv)
     out, runs = args.out or paths.reports_dir() / "bench", 2 if args.quick else 5
     if args.orchestrator:
@@ -390,6 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in names if name not in ARMS]
     if unknown:
         parser.error(f"--arms: {','.join(unknown)} unknown; allowed: {', '.join(ARMS)}")
+    if args.traffic:
+        result = traffic_costs(names, args.size)
+        return _write(out, "traffic", result, traffic_markdown(result))
     rounds, steps = (2, 1) if args.quick else (args.rounds, args.steps)
     reuses_memory = keep_freed_memory()               # as train() does: no page faults for reused activations
     cuda = torch.cuda.is_available()

@@ -35,7 +35,6 @@ from . import paths
 from .data.sources import embedded_documents
 from .data.tokenizers import ByteTokenizer
 from .model import GPT, model_config
-from .model.delta import gate_logits
 from .model.mup import optimizer_groups
 from .train.config import TrainConfig
 from .validation import failure, is_finite
@@ -79,23 +78,31 @@ def _abs_mean(t: torch.Tensor) -> float:
 
 @contextlib.contextmanager
 def recording(model: GPT):
-    """Forward hooks that put each layer's abs mean in the latest forward into the yielded dict."""
+    """Forward hooks that put each layer's abs mean in the latest forward into the yielded dict: the embedding, each
+    block's state, the final readout (the last block's read of its state, d_v > 1) and each Delta sublayer's gate
+    logit (from the betas it recorded)."""
     seen: dict[str, float] = {}
 
-    def output(name: str):
-        return lambda module, args, out: seen.__setitem__(name, _abs_mean(out))
+    def block(i: int):
+        def hook(module, args, out):
+            seen[f"block{i}"] = _abs_mean(out[0])
+            if i == len(model.blocks) - 1 and out[1] is not None:
+                seen["readout"] = _abs_mean(out[1])
+        return hook
 
-    def gate(name: str):          # DeltaResidual.forward(X, h, inp): the gate's logit from inp.beta_pre
-        return lambda delta, args: seen.__setitem__(name, _abs_mean(gate_logits(delta.beta_gate, args[2].beta_pre)))
+    def gates(module, args, out):
+        for name, delta in model.delta_residuals():
+            seen[f"beta.{name}"] = _abs_mean(torch.logit(delta.last_betas[0] / 2))
+        model.kept.clear()
 
-    hooks = [model.wte.register_forward_hook(output("embedding"))]
-    hooks += [block.register_forward_hook(output(f"block{i}")) for i, block in enumerate(model.blocks)]
-    if model.readout is not None:
-        hooks.append(model.readout.register_forward_hook(output("readout")))
-    hooks += [delta.register_forward_pre_hook(gate(f"beta.{name}")) for name, delta in model.delta_residuals()]
+    hooks = [model.wte.register_forward_hook(lambda module, args, out: seen.__setitem__("embedding", _abs_mean(out)))]
+    hooks += [b.register_forward_hook(block(i)) for i, b in enumerate(model.blocks)]
+    hooks.append(model.register_forward_hook(gates))
+    model.kept = []                                  # the last block stores its state too
     try:
         yield seen
     finally:
+        model.kept = None
         for hook in hooks:
             hook.remove()
 

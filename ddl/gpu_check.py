@@ -10,6 +10,7 @@ Parts (--parts, comma-separated; default `step,resume`):
   loss is NaN, and the curves agree within bf16 noise.
 - tests (opt-in): the device-aware tests on CUDA (tests/test_triton_kernels.py, tests/test_model_bf16_compile.py).
 - profile (opt-in): the CUDA kernels of three compiled steps of each arm, by time (profile-<arm>.txt).
+- kernels (opt-in): each Delta op's Triton kernel alone (d_v=4, bf16 state): microseconds, bytes, the rate.
 
 summary.json is rewritten after every part (and every arm), so a check cut short still leaves its figures.
 Without a CUDA GPU it says so in one line and exits 0; `--device cpu` runs the parts on the CPU at
@@ -37,7 +38,7 @@ from . import paths
 CHECKOUT = Path(__file__).resolve().parents[1]
 DEVICE_TESTS = ["tests/test_triton_kernels.py", "tests/test_model_bf16_compile.py"]
 ARMS = ("baseline", "ddl_dv1", "ddl_dv4")
-PARTS = ("step", "resume", "tests", "profile")
+PARTS = ("step", "resume", "tests", "profile", "kernels")
 DEFAULT_PARTS = ("step", "resume")
 TARGETS = {"ddl_dv1": 1.05, "ddl_dv4": 1.10}          # compiled step ratio to the baseline, small, bf16
 MFU_TARGET, WALL_TARGET_S = 0.40, 480
@@ -214,6 +215,71 @@ def profile_part(out: Path, device, size: str) -> dict:
     return {"files": files}
 
 
+def kernels_part(device, size: str) -> dict:
+    """Each Delta op's Triton kernel alone at `size` (d_v=4, bf16 state, 16 x 1024 tokens): median microseconds of 20
+    calls (CUDA events), its bytes (inputs + outputs, as ddl.traffic counts them) and the rate, beside a copy's."""
+    import torch
+
+    from .model import SIZES
+    from .model.fused import triton_loops  # noqa: F401  (registers torch.ops.ddl_triton)
+    d = SIZES[size]["d_model"]
+    B, T, dv, L = (BATCH, SEQ, 4, 4) if device.type == "cuda" else (2, 8, 4, 4)   # CPU: triton's interpreter
+    ops = torch.ops.ddl_triton
+    bf16, fp32 = torch.bfloat16, torch.float32
+
+    def randn(*shape, dtype=fp32):
+        return torch.randn(*shape, device=device, dtype=dtype)
+
+    X, G = randn(B, T, dv, d, dtype=bf16), randn(B, T, dv, d, dtype=bf16)
+    h, h_a, beta, v, w = randn(B, T, d, dtype=bf16), randn(B, T, d, dtype=bf16), randn(B, T, 1).sigmoid(), \
+        randn(B, T, dv), randn(B, T, dv)
+    A, x, g = randn(dv, d, L), randn(B, T, d), randn(B, T, d)
+    gain, W_c, W_x = randn(d), randn(1, d), randn(dv, d)
+    w_k, rho, q = ops.key_forward(X, h, beta, v, 1e-10)
+    _, w_m, rho_m, q_m, _ = ops.write_forward(X, h_a, w_k, h, beta, v, A, 1e-10, True)
+    _, _, _, rho_n = ops.norm_forward(x, gain, W_c, W_x, 1e-5, bf16)
+    calls = {"key_forward": (X, h, beta, v, 1e-10), "key_backward (update_backward)": (G, w, X, h, beta, v, rho, q),
+             "write_forward": (X, h_a, w_k, h, beta, v, A, 1e-10, True),
+             "write_backward": (G, w, g, X, h_a, w_k, h, beta, v, rho_m, q_m, A),
+             "update_forward (d_v=1)": (X[:, :, :1].contiguous(), h, beta, v[..., :1], 1e-10),
+             "norm_forward": (x, gain, W_c, W_x, 1e-5, bf16),
+             "norm_backward": (h, g[..., :1], g[..., :dv], x, gain, W_c, W_x, rho_n),
+             "rank_one_forward": (w, h, A), "rank_one_backward": (g, w, h, A)}
+
+    def timed(fn, *args) -> float:
+        """Median microseconds of fn(*args): CUDA events on a GPU, the host clock on the CPU."""
+        for _ in range(3):
+            fn(*args)
+        times = []
+        for _ in range(20 if device.type == "cuda" else 3):
+            if device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn(*args)
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) * 1e3)
+            else:
+                begin = time.perf_counter()
+                fn(*args)
+                times.append((time.perf_counter() - begin) * 1e6)
+        return sorted(times)[len(times) // 2]
+
+    def nbytes(tree) -> int:
+        return sum(t.numel() * t.element_size() for t in torch.utils._pytree.tree_leaves(tree)
+                   if isinstance(t, torch.Tensor))
+
+    big = torch.empty(2 ** 28 if device.type == "cuda" else 2 ** 20, device=device, dtype=bf16)   # 512 MiB on a GPU
+    copy_rate = 2 * big.numel() * 2 / timed(torch.Tensor.clone, big) * 1e6
+    rows = {}
+    for name, args in calls.items():
+        op = getattr(ops, name.split()[0].replace("key_backward", "update_backward"))
+        moved = nbytes(args) + nbytes(op(*args))
+        us = timed(op, *args)
+        rows[name] = {"us": us, "bytes": moved, "GB_per_s": moved / us / 1e3, "of_copy": moved / us * 1e6 / copy_rate}
+    return {"shape": {"B": B, "T": T, "dv": dv, "d": d, "L": L}, "copy_GB_per_s": copy_rate / 1e9, "ops": rows}
+
+
 def markdown(summary: dict) -> str:
     machine = summary["machine"]
     lines = [f"# gpu-check ({machine['device']}, torch {machine['torch']}, triton {machine['triton']})", "",
@@ -237,6 +303,14 @@ def markdown(summary: dict) -> str:
         lines += [f"## Step: set up so far: {json.dumps(step.get('set_up', step))}", ""]
     if "resume" in summary:
         lines += ["## Resume after SIGKILL (DDL d_v=4)", "", "```", json.dumps(summary["resume"], indent=1), "```", ""]
+    if "kernels" in summary:
+        kernels = summary["kernels"]
+        lines += [f"## Kernels alone ({kernels['shape']}, bf16 state; a copy moves "
+                  f"{kernels['copy_GB_per_s']:.0f} GB/s)", "", "| op | us | MB moved | GB/s | of a copy |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {name} | {row['us']:.1f} | {row['bytes'] / 1e6:.0f} | {row['GB_per_s']:.0f} "
+                  f"| {row['of_copy']:.0%} |" for name, row in kernels["ops"].items()]
+        lines.append("")
     for part in ("tests", "profile"):
         if part in summary:
             lines += [f"## {part}", "", "```", json.dumps(summary[part], indent=1), "```", ""]
@@ -282,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
             check.record("resume", resume_part(out, size, args.device))
         elif part == "tests":
             check.record("tests", tests_part(out))
+        elif part == "kernels":
+            check.record("kernels", kernels_part(device, size))
         else:
             check.record("profile", profile_part(out, device, size))
     check.summary["done"] = True

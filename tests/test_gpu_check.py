@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -25,7 +26,7 @@ def test_an_unknown_part_is_refused_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "ddl.gpu_check", "--parts", "step,bogus", "--device", "cpu",
                            "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
-    assert "--parts: bogus unknown; allowed: step, resume, tests, profile" in done.stderr
+    assert "--parts: bogus unknown; allowed: step, resume, tests, profile, kernels" in done.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -77,3 +78,16 @@ def test_its_parts_run_on_the_cpu_and_write_their_figures(tmp_path):
     assert resume["largest_loss_difference"] < 1e-3                               # fp32: the same numbers
     assert "## Step: micro, bf16 on CUDA, compiled per block" in (out / "summary.md").read_text()
     assert done.returncode == 1, done.stdout                                      # no MFU on a CPU: MISSED
+
+
+@pytest.mark.slow
+def test_its_kernels_part_times_every_delta_op(tmp_path):
+    """The kernels part on the CPU, its Triton kernels under the interpreter: every op runs and is measured."""
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "ddl.gpu_check", "--device", "cpu", "--parts", "kernels",
+                           "--out", str(out)], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    ops = json.loads((out / "summary.json").read_text())["kernels"]["ops"]
+    assert len(ops) == 9 and all(row["us"] > 0 and row["bytes"] > 0 for row in ops.values()), ops
+    assert "| write_backward |" in (out / "summary.md").read_text()

@@ -13,9 +13,11 @@ from tests.test_model_gpt import VARIANTS, VOCAB
 BF16_LOSS_ATOL, BF16_GRAD_RTOL = 5e-3, 0.05
 
 
-def micro(name: str) -> GPT:
+def micro(name: str, state_dtype: str = "fp32") -> GPT:
+    """The variant at the micro size; the state in fp32 unless asked (the bf16 run: 'auto', bf16 on CUDA)."""
     torch.manual_seed(0)
-    return GPT(model_config("micro", vocab_size=VOCAB, **VARIANTS[name])).to(TEST_DEVICE)
+    cfg = VARIANTS[name] | ({"state_dtype": state_dtype} if VARIANTS[name].get("residual") == "ddl" else {})
+    return GPT(model_config("micro", vocab_size=VOCAB, **cfg)).to(TEST_DEVICE)
 
 
 def loss_and_grads(model, forward=None, T=32, autocast=False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,7 +32,7 @@ def loss_and_grads(model, forward=None, T=32, autocast=False) -> tuple[torch.Ten
 @pytest.mark.parametrize("name", VARIANTS)
 def test_bf16_autocast_gives_the_fp32_numbers(name):
     loss, grads = loss_and_grads(micro(name))
-    loss_bf16, grads_bf16 = loss_and_grads(micro(name), autocast=True)
+    loss_bf16, grads_bf16 = loss_and_grads(micro(name, state_dtype="auto"), autocast=True)
     assert torch.isfinite(loss_bf16) and torch.isfinite(grads_bf16).all()
     assert abs(loss_bf16 - loss) <= BF16_LOSS_ATOL
     assert (grads_bf16 - grads).norm() <= BF16_GRAD_RTOL * grads.norm()

@@ -92,7 +92,10 @@ def test_beta_to_zero_makes_each_sublayer_the_identity(name):
     X = torch.randn(2, 6, model.cfg.dv, 64, dtype=torch.float64)
     cos, sin = model.rope_cos[:6], model.rope_sin[:6]
     for block in model.blocks:
-        assert torch.allclose(block(X, cos, sin), X, atol=1e-8)
+        X_out, x_next = block(X, cos, sin, None, block.compress)   # any reader: here the block's own
+        assert torch.allclose(X_out, X, atol=1e-8)
+        if block.compress is not None:
+            assert torch.allclose(x_next, block.compress(X), atol=1e-8)
 
 
 @pytest.mark.parametrize("name", VARIANTS)

@@ -81,7 +81,7 @@ def test_mup_settings_are_checked_and_sp_signatures_ignore_the_base_width():
     assert signature(param="mup") != signature(param="mup", mup_base_width=32)
     sp = model_config("micro", vocab_size=data.model_vocab_size())
     assert RunConfig(sp, data, TrainConfig(), 0).effective_dict()["model"].keys() == \
-        dataclasses.asdict(sp).keys() - {"n_h", "param", "mup_base_width"}
+        dataclasses.asdict(sp).keys() - {"n_h", "param", "mup_base_width", "state_dtype"}
 
 
 @pytest.mark.slow

@@ -240,3 +240,15 @@ def test_freed_activations_are_reused_without_page_faults():
     faults = {mode: int(subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True,
                                        check=True).stdout) for mode in ("default", "keep")}
     assert faults["keep"] <= 0.01 * faults["default"], faults
+
+
+@pytest.mark.slow
+def test_a_compiled_run_validates_and_reads_its_state_ranks(tmp_path, data_root):
+    """train.compile=true compiles each block (fullgraph): training, evaluation (another mode, no grad, a last block
+    that keeps its state for the ranks) and the final validation each get their graphs without hitting dynamo's
+    recompile limit (a hard failure under fullgraph)."""
+    run = micro_run(compile=True, steps=4, eval_every=2, ckpt_every=4)
+    recorder = Recorder()
+    result = train(run, tmp_path / "run", recorder, run.signature(), data_root=data_root)
+    assert result.steps == 4 and math.isfinite(result.final["val/loss"])
+    assert any("erank/L01" in metrics for _, metrics in recorder.rows)

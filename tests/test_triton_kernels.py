@@ -19,7 +19,7 @@ from ddl.model import GPT, model_config
 from ddl.model import fused
 from ddl.model.delta import delta_update, delta_update_steps, expand_state, rank_one_read, state_read
 from ddl.model.fused import eager
-from tests.conftest import TEST_DEVICE, slow_except
+from tests.conftest import TEST_DEVICE
 
 DEVICE = TEST_DEVICE
 triton = pytest.importorskip("triton", reason="triton is not installed (a dev dependency on Linux x86_64 only)")
@@ -28,7 +28,7 @@ if DEVICE.type == "cuda" and not torch.cuda.is_available():
 from ddl.model.fused import triton_loops  # noqa: E402  (registers torch.ops.ddl_triton)
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-if DEVICE.type == "cpu" and not isinstance(triton_loops._update_forward_kernel, InterpretedFunction):
+if DEVICE.type == "cpu" and not isinstance(triton_loops._read_forward_kernel, InterpretedFunction):
     pytest.skip("triton was imported before tests/conftest.py could import it with TRITON_INTERPRET=1: "
                 "the kernels cannot run on CPU in this process", allow_module_level=True)
 
@@ -54,6 +54,9 @@ def tensors(seed: int, dtype: torch.dtype, *shapes, positive=()) -> list[torch.T
 
 def assert_near(actual: torch.Tensor, expected: torch.Tensor, name: str) -> None:
     """actual (the kernel's, in the inputs' dtype) against the float64 reference, at the module's tolerances."""
+    assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+    if not expected.numel():
+        return
     rtol = 2 ** -7 if actual.dtype == torch.bfloat16 else 1e-5
     atol = 1e-5 * expected.abs().max().item()
     torch.testing.assert_close(actual.double(), expected, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
@@ -86,6 +89,53 @@ def test_update_matches_the_plain_form(dv, dtype):
         got = ops.update_backward(G, cotangent_w, X, h, beta, v, rho.float(), q.float())
         for name, a, b in zip(("X", "k~", "beta", "v"), got, expected, strict=True):
             assert_near(a, b, f"dL/d{name} (dL/dw {'given' if cotangent_w is not None else 'absent'})")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dv", DVS)
+def test_key_matches_the_plain_update_without_its_state(dv, dtype):
+    """DeltaKey's forward: w, and the rho and q the update's backward takes, of a state read in place when it is a
+    repeated embedding (channel stride 0) and when contiguous."""
+    X, h, beta, v = tensors(15, dtype, (B, T, dv, D), (B, T, D), (B, T, 1), (B, T, dv), positive=(2,))
+    for state in (X, X[:, :, :1].expand(B, T, dv, D)):
+        (_, w), _ = reference(delta_update, [state, h, beta, v], [state, v], k_eps=K_EPS)
+        got_w, rho, q = ops.key_forward(state, h, beta, v, K_EPS ** 2)
+        assert got_w.dtype == rho.dtype == q.dtype == torch.float32
+        assert_near(got_w, w, "w")
+        assert_near(q, (state.double() * h.double().unsqueeze(-2)).sum(-1), "q")
+
+
+def write_plain(X_mid, h, beta, v, A, k_eps):
+    """DeltaWrite's outputs from the mid state: X_out, w and the read of X_out with A."""
+    X_out, w = delta_update(X_mid, h, beta, v, k_eps)
+    return X_out, w, state_read(X_out, A)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dv, taps", [(1, 4), (2, 4), (4, 4), (8, 4), (4, 1), (3, 3)])
+@pytest.mark.parametrize("repeated", [False, True], ids=["state", "repeated_embedding"])
+def test_write_matches_the_plain_update_and_read(dv, taps, repeated, dtype):
+    """DeltaWrite: the mid state X + w_a k~_a^T rebuilt from its factors, updated and read with the next taps, forward
+    and backward (the taps' gradient too), with and without dL/dX_out (the last block stores no state)."""
+    X, h_a, w_a, h, beta, v, A = tensors(16, dtype, (B, T, dv, D), (B, T, D), (B, T, dv), (B, T, D), (B, T, 1),
+                                         (B, T, dv), (dv, D, taps), positive=(4,))
+    w_a, A = w_a.float(), A.float()
+    if repeated:
+        X = X[:, :, :1].expand(B, T, dv, D)
+    G, g_w, g_next = tensors(17, dtype, (B, T, dv, D), (B, T, dv), (B, T, D))
+    X_mid = X.double() + w_a.double().unsqueeze(-1) * h_a.double().unsqueeze(-2)
+    (X_out, w, x_next), grads = reference(write_plain, [X_mid, h, beta, v, A], [G, g_w, g_next], k_eps=K_EPS)
+    got_X, got_w, rho, q, got_x = ops.write_forward(X, h_a, w_a, h, beta, v, A, K_EPS ** 2, True)
+    for name, a, b in (("X_out", got_X, X_out), ("w", got_w, w), ("x_next", got_x, x_next)):
+        assert_near(a, b, name)
+    assert got_x.dtype == got_w.dtype == torch.float32 and got_X.dtype == dtype
+    assert ops.write_forward(X, h_a, w_a, h, beta, v, A, K_EPS ** 2, False)[0].numel() == 0
+    # backward from the forward's own (fp32) rho and q
+    for cotangent, expected in ((G, grads), (None, reference(write_plain, [X_mid, h, beta, v, A], [0 * G, g_w, g_next],
+                                                               k_eps=K_EPS)[1])):
+        got = ops.write_backward(cotangent, g_w, g_next.float(), X, h_a, w_a, h, beta, v, rho, q, A)
+        for name, a, b in zip(("X_mid", "k~", "beta", "v", "A"), got, expected, strict=True):
+            assert_near(a, b, f"dL/d{name} (dL/dX_out {'given' if cotangent is not None else 'absent'})")
 
 
 def update_steps_plain(X, *steps, k_eps):
@@ -151,10 +201,31 @@ def test_expansion_matches_the_plain_form(dv, dtype):
     check_depthwise_op(ops.expand_forward, ops.expand_backward, expand_state, [x, E], 8)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("nc, nx", [(1, 4), (2, 16), (0, 1), (1, 0)])     # gates of 1 or 2 steps; v-Map has no x map
+def test_norm_projections_match_the_plain_form(nc, nx, dtype):
+    """A sublayer's RMSNorm and its gates' maps in one row kernel: c (in the dtype asked: autocast's), l_c, l_x, and
+    every gradient, the weights' summed over chunks of tokens."""
+    x, gain, W_c, W_x = tensors(18, dtype, (B, T, D), (D,), (nc, D), (nx, D))
+    gain, W_c, W_x = gain.float(), W_c.float(), W_x.float()
+    g_c, g_lc, g_lx = tensors(19, dtype, (B, T, D), (B, T, nc), (B, T, nx))
+    (c, l_c, l_x), grads = reference(lambda *t: eager.norm_projections(*t, 1e-5), [x, gain, W_c, W_x],
+                                     [g_c, g_lc, g_lx])
+    for c_dtype in (torch.float32, torch.bfloat16):
+        got_c, got_lc, got_lx, rho = ops.norm_forward(x, gain, W_c, W_x, 1e-5, c_dtype)
+        assert got_c.dtype == c_dtype and got_lc.dtype == got_lx.dtype == torch.float32
+        for name, a, b in (("c", got_c, c), ("l_c", got_lc, l_c), ("l_x", got_lx, l_x)):
+            assert_near(a, b, name)
+    got = ops.norm_backward(g_c, g_lc.float(), g_lx.float(), x, gain, W_c, W_x, rho)
+    for name, a, b in zip(("x", "g", "W_c", "W_x"), got, grads, strict=True):
+        assert_near(a, b, f"dL/d{name}")
+
+
 def test_sums_over_tokens_follow_the_token_order_bit_for_bit(monkeypatch):
-    """The taps' gradients: partials of TOKENS_PER_CHUNK tokens each, summed in chunk order, the same
-    bits on every run (here chunks of 5 tokens, the last one short)."""
+    """The taps' gradients: partials of TOKENS_PER_CHUNK (TOKENS_PER_TILE) tokens each, summed in chunk order, the same
+    bits on every run (here chunks of 5 and tiles of 4 tokens, the last one short)."""
     monkeypatch.setattr(triton_loops, "TOKENS_PER_CHUNK", 5)
+    monkeypatch.setattr(triton_loops, "TOKENS_PER_TILE", 4)
     dv = 2
     X, A, w, h, x = tensors(9, torch.float32, (B, T, dv, D), (dv, D, 4), (B, T, dv), (B, T, D), (B, T, D))
     g_x, g_X = tensors(10, torch.float32, (B, T, D), (B, T, dv, D))
@@ -179,7 +250,9 @@ def test_the_ops_declare_their_outputs_for_torch_compile():
              "update_steps_forward": (X, [h, h], [beta, beta], [v, v], K_EPS ** 2),
              "update_steps_backward": (G, w_by_step, X, [h, h], [beta, beta], [v, v], rho_by_step, q_by_step),
              "read_forward": (X, A), "read_backward": (g_x, X, A), "rank_one_forward": (w, h, A),
-             "rank_one_backward": (g_x, w, h, A), "expand_forward": (h, A), "expand_backward": (G, h, A)}
+             "rank_one_backward": (g_x, w, h, A), "expand_forward": (h, A), "expand_backward": (G, h, A),
+             "key_forward": (X, h, beta, v, K_EPS ** 2), "write_forward": (X, h, w, h, beta, v, A, K_EPS ** 2, True),
+             "write_backward": (G, w, g_x, X, h, w, h, beta, v, rho, q, A)}
     for name, args in calls.items():
         checks = ("test_schema", "test_faketensor") if DEVICE.type == "cuda" else ("test_schema",)
         result = torch.library.opcheck(getattr(ops, name).default, args, test_utils=checks)
@@ -188,17 +261,29 @@ def test_the_ops_declare_their_outputs_for_torch_compile():
 
 def loss_and_grads(**kw) -> tuple:
     torch.manual_seed(0)
-    model = GPT(model_config("micro", vocab_size=64, residual="ddl", **kw)).to(DEVICE)
-    idx = torch.randint(0, 64, (2, 11), generator=generator(12)).to(DEVICE)
+    model = GPT(model_config("micro", vocab_size=64, d_model=80, residual="ddl", state_dtype="fp32",  # d = 80: masks
+                             **kw)).to(DEVICE)
+    idx = torch.randint(0, 64, (2, 7), generator=generator(12)).to(DEVICE)
     _, loss = model(idx, idx.roll(-1, 1))
     loss.backward()
     return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("variant", slow_except({"dv1": dict(dv=1), "dv4_ec": dict(dv=4, conv="ec")}, "dv1"))
+MODEL_VARIANTS = {"dv1": dict(dv=1), "dv1_vmap": dict(dv=1, mapping="v"), "dv2": dict(dv=2), "dv4": dict(dv=4),
+                  "dv8": dict(dv=8), "dv4_vmap": dict(dv=4, mapping="v"), "cc": dict(dv=4, conv="cc"),
+                  "ec": dict(dv=4, conv="ec"), "cc_ec": dict(dv=4, conv="cc_ec"),
+                  "mlp_gate": dict(dv=4, beta_estimator="mlp", beta_hidden=40), "nh2": dict(dv=4, n_h=2),
+                  "dv1_nh2": dict(dv=1, n_h=2), "mup": dict(dv=4, param="mup", mup_base_width=40)}
+
+
+FAST_VARIANTS = ("dv4", "ec")                                 # the rest: slow (the interpreter, 20 s each)
+
+
+@pytest.mark.parametrize("variant", [pytest.param(v, id=name, marks=() if name in FAST_VARIANTS else pytest.mark.slow)
+                                     for name, v in MODEL_VARIANTS.items()])
 def test_the_model_with_the_triton_loops_gives_the_numbers_of_the_others(variant, monkeypatch):
-    """The whole micro model, fp32, forward and backward: the Triton loops against the C++ ones on CPU
-    (routed there by hand: dispatch picks Triton only on CUDA), against the PyTorch-op loops on CUDA."""
+    """The whole model (d = 80), fp32, forward and backward, every variant: the Triton loops against the C++ ones on
+    CPU (routed there by hand: dispatch picks Triton only on CUDA), against the PyTorch-op loops on CUDA."""
     if DEVICE.type == "cuda":
         assert fused.loops_name(torch.empty(0, device=DEVICE)) == "Triton"
         with_triton = loss_and_grads(**variant)

@@ -34,6 +34,9 @@ Knob semantics (paper sections 3-4, appendix B; the reference implementation whe
   code's) or 'mup' (ddl/model/mup.py: µP, Yang et al. 2022; the paper trains with it but ships no
   recipe), under which a learning rate tuned at one width carries to others. mup_base_width: the
   width at which mup equals sp (default 128, the CPU study's tiny; the cluster sweeps set their own).
+- state_dtype: what the state X is stored in between the Delta ops, which compute in fp32 whatever it
+  is: 'auto' (bf16 on CUDA, where the state's memory traffic is the Delta residual's cost; the
+  embedding's dtype elsewhere: fp32, where parity with the reference code lives), 'fp32' or 'bf16'.
 - kernels: how the Delta residual's own ops run; the same numbers up to float rounding (a
   separate run, like train.compile).
     fused     hand-written autograd kernels (ddl/model/fused): C++ loops on CPU, built once per
@@ -58,12 +61,14 @@ INITS = ("reference", "gpt2")
 PARAMS = ("sp", "mup")
 CC_PADDINGS = ("centered", "causal")
 QK_NORMS = ("after_rope", "before_rope")
+STATE_DTYPES = ("auto", "fp32", "bf16")
 # The knobs of the Delta residual: none of them shapes a baseline.
 DDL_KNOBS = ("dv", "conv", "mapping", "beta_init", "beta_estimator", "beta_hidden", "k_eps", "kernels",
-             "v_sigmoid_scale", "state_conv_kernel", "embed_conv_kernel", "read_init", "cc_padding", "n_h")
+             "v_sigmoid_scale", "state_conv_kernel", "embed_conv_kernel", "read_init", "cc_padding", "n_h",
+             "state_dtype")
 # Fields added after run signatures were first written, with the value every earlier run had: at
 # that value a field is left out of the run's effective config, so earlier signatures still hold.
-LATER_FIELDS = dict(n_h=1, param="sp", mup_base_width=128)
+LATER_FIELDS = dict(n_h=1, param="sp", mup_base_width=128, state_dtype="auto")
 # What a config saved before these fields existed was built with (a checkpoint written before
 # reference parity): loading it with these values computes the function it was trained as.
 PRE_PARITY = dict(init="gpt2", norm_eps=1e-6, qk_norm="before_rope", cc_padding="causal")
@@ -112,6 +117,7 @@ class ModelConfig:
     n_h: int = 1
     param: str = "sp"
     mup_base_width: int = 128
+    state_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         for key in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len", "dv", "beta_hidden",
@@ -126,6 +132,7 @@ class ModelConfig:
         _need_choice("qk_norm", self.qk_norm, QK_NORMS)
         _need_choice("cc_padding", self.cc_padding, CC_PADDINGS)
         _need_choice("param", self.param, PARAMS)
+        _need_choice("state_dtype", self.state_dtype, STATE_DTYPES)
         if self.param == "mup" and self.init != "reference":
             _fail("init", self.init, "must be reference with param=mup (µP scales the reference init by width)")
         if self.d_model % self.n_head:

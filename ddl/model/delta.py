@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .fused import FusedExpand, FusedRankOneRead, FusedStateRead, at_least_fp32, norm_projections, update_steps
+from .fused import (DeltaKey, DeltaWrite, FusedExpand, FusedRankOneRead, FusedStateRead, at_least_fp32,
+                    norm_projections, update_steps)
 from .mup import value_multiplier
 
 
@@ -58,6 +59,23 @@ def delta_update_steps(X: torch.Tensor, steps: list[tuple[torch.Tensor, torch.Te
         X, w = update(X, k_raw, beta, v, k_eps)
         writes.append(w)
     return X, writes
+
+
+def delta_key(X: torch.Tensor, k_raw: torch.Tensor, beta: torch.Tensor, v: torch.Tensor,
+              k_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A d_v > 1 block's first update in DeltaKey's signature, (w, the mid state or its handle): the plain form
+    returns the mid state X + w k~^T itself."""
+    X_mid, w = delta_update(X, k_raw, beta, v, k_eps)
+    return w, X_mid
+
+
+def delta_write(X_mid: torch.Tensor, X: torch.Tensor, k_a: torch.Tensor, w_a: torch.Tensor, k_raw: torch.Tensor,
+                beta: torch.Tensor, v: torch.Tensor, A: torch.Tensor, k_eps: float, store_state: bool,
+                update: Callable = delta_update, read: Callable = None) -> tuple[torch.Tensor, ...]:
+    """A d_v > 1 block's second update and the next read in DeltaWrite's signature, (X_out, w, state_read(X_out, A)):
+    the plain form updates the mid state it is given (X, k~_a and w_a, from which DeltaWrite rebuilds it, unused)."""
+    X_out, w = update(X_mid, k_raw, beta, v, k_eps)
+    return X_out, w, (read or state_read)(X_out, A)
 
 
 def _logit(p: float) -> float:
@@ -167,7 +185,8 @@ class DeltaResidual(nn.Module):
             k_raw, v_raw = self.phi_k(inp.c if self.read_k_from_context else inp.x_in), self.W_v(h)
         return k_raw, gate_value(gate_logits(self.beta_gate, beta_pre)), self.v_scale * torch.sigmoid(v_raw)
 
-    def forward(self, X: torch.Tensor, h: torch.Tensor, inp: SublayerInput):
+    def steps(self, h: torch.Tensor, inp: SublayerInput) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Every step's (k~, beta, v) from the sublayer output h and its input (recording the betas)."""
         beta_pres, v_pres = [inp.beta_pre], [inp.v_pre]
         if self.further:                                  # each step's share of the norm's projections
             beta_pres = inp.beta_pre.chunk(1 + len(self.further), -1)
@@ -176,6 +195,10 @@ class DeltaResidual(nn.Module):
         steps += [step.components(h, beta_pre, v_pre, self.v_scale)
                   for step, beta_pre, v_pre in zip(self.further, beta_pres[1:], v_pres[1:], strict=True)]
         self.last_betas = [beta.detach() for _, beta, _ in steps]
+        return steps
+
+    def forward(self, X: torch.Tensor, h: torch.Tensor, inp: SublayerInput):
+        steps = self.steps(h, inp)
         X, ws = self.update_steps(X, steps, self.k_eps)   # X <- (I - beta_j k_j k_j^T) X + beta_j k_j v_j^T, j = 1..n_h
         return X, [(w, k_raw) for w, (k_raw, _, _) in zip(ws, steps, strict=True)]
 
@@ -226,23 +249,28 @@ def rank_one_read(w: torch.Tensor, k_raw: torch.Tensor, A: torch.Tensor) -> torc
 
 
 class DeltaOps(NamedTuple):
-    """The state's four ops, one implementation kind (ModelConfig.kernels)."""
+    """The state's ops, one implementation kind (ModelConfig.kernels)."""
     update_steps: Callable    # delta_update_steps's signature: a sublayer's n_h updates
     read: Callable            # state_read's
     rank_one_read: Callable   # rank_one_read's
     expand: Callable          # expand_state's
+    key: Callable             # delta_key's: a d_v > 1 block's first update, n_h = 1
+    write: Callable           # delta_write's: its second update and the next read
 
 
 @functools.cache
 def delta_kernels(kind: str) -> DeltaOps:
     """The state's ops for ModelConfig.kernels: the hand-fused autograd kernels, or the plain forms of
-    the two per-sublayer ops through torch.compile. The rank-1 read and the EC expansion stay fused
+    the per-sublayer ops through torch.compile. The rank-1 read and the EC expansion stay fused
     in both: the first touches only (B,T,d) tensors (and compiled it keeps w A for backward), the
     second runs once per forward."""
     if kind == "compiled":
-        return DeltaOps(functools.partial(delta_update_steps, update=torch.compile(delta_update)),
-                        torch.compile(state_read), FusedRankOneRead.apply, FusedExpand.apply)
-    return DeltaOps(update_steps, FusedStateRead.apply, FusedRankOneRead.apply, FusedExpand.apply)
+        update, read = torch.compile(delta_update), torch.compile(state_read)
+        return DeltaOps(functools.partial(delta_update_steps, update=update), read, FusedRankOneRead.apply,
+                        FusedExpand.apply, torch.compile(delta_key),
+                        functools.partial(delta_write, update=update, read=read))
+    return DeltaOps(update_steps, FusedStateRead.apply, FusedRankOneRead.apply, FusedExpand.apply, DeltaKey.apply,
+                    DeltaWrite.apply)
 
 
 class StateCompressor(nn.Module):
@@ -252,12 +280,12 @@ class StateCompressor(nn.Module):
         raise NotImplementedError
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
-        return self.ops.read(X, self.taps().to(X.dtype))                     # (B,T,d)
+        return self.ops.read(X, self.taps())                                  # (B,T,d), in at least fp32
 
     def read_write(self, w: torch.Tensor, k_raw: torch.Tensor) -> torch.Tensor:
         """read(w k~^T) from the (B,T,dv) and (B,T,d) factors (see rank_one_read), in w's dtype."""
         with torch.autocast(w.device.type, enabled=False):
-            return self.ops.rank_one_read(w, k_raw.to(w.dtype), self.taps().to(w.dtype))
+            return self.ops.rank_one_read(w, k_raw, self.taps())
 
 
 class TimeConvCompressor(StateCompressor):

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .delta import DeltaResidual, EmbedExpander, make_compressor
-from .fused import at_least_fp32
+from .delta import DeltaResidual, EmbedExpander, StateCompressor, delta_kernels, make_compressor
+from .fused import at_least_fp32, state_dtype
 from .mup import logit_multiplier, rescale_init
 
 OUTPUT_PROJECTIONS = ("attn.proj.weight", "mlp.w_down.weight")
@@ -93,7 +93,11 @@ class DeltaBlock(nn.Module):
 
     For d_v = 1 the compressor is the identity (x_in = x, Eq. 3.1); for d_v > 1 one
     compressor per block serves both sublayers, as in the reference implementation, so the
-    MLP's read is the attention's read plus the read of the attention's rank-1 write.
+    MLP's read is the attention's read plus the read of the attention's rank-1 write. The block
+    also reads its new state for the next block (or the final readout): x_next.
+
+    With d_v > 1 and one update a sublayer, the two updates are DeltaKey and DeltaWrite: the mid-block
+    state X + w_a k~_a^T is never stored, and the next read is part of the second update.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -102,23 +106,37 @@ class DeltaBlock(nn.Module):
         self.norm_attn, self.attn = RMSNorm(cfg.d_model, eps=cfg.norm_eps), CausalSelfAttention(cfg)
         self.norm_mlp, self.mlp = RMSNorm(cfg.d_model, eps=cfg.norm_eps), SwiGLU(cfg)
         self.delta_attn, self.delta_mlp = DeltaResidual(cfg), DeltaResidual(cfg)
+        self.ops = delta_kernels(cfg.kernels)
+        self.two_updates = cfg.expanded and cfg.n_h == 1
 
     def read(self, X: torch.Tensor) -> torch.Tensor:
         return X.squeeze(-2) if self.compress is None else self.compress(X)   # x_in: (B,T,d)
 
-    def forward(self, X: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                x_in: torch.Tensor | None = None) -> torch.Tensor:
-        """x_in: read(X) when the caller has it cheaper than a pass over X."""
+    def forward(self, X: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, x_in: torch.Tensor | None,
+                reader: StateCompressor | None, store_state: bool = True):
+        """(X_out, x_next): x_in = read(X) (None at d_v = 1: X is its own read); x_next = reader(X_out), the next
+        block's read or the final readout (None at d_v = 1). X_out is empty when not store_state (d_v > 1, n_h = 1:
+        the last block, whose state only the readout reads)."""
         x_in = self.read(X) if x_in is None else x_in
         inp = self.delta_attn.read_input(x_in, self.norm_attn)
-        X, writes = self.delta_attn(X, self.attn(inp.c, cos, sin), inp)
+        h = self.attn(inp.c, cos, sin)
+        if self.two_updates:
+            (k_a, beta_a, v_a), = self.delta_attn.steps(h, inp)
+            w_a, X_mid = self.ops.key(X, k_a, beta_a, v_a, self.delta_attn.k_eps)
+            inp = self.delta_mlp.read_input(x_in + self.compress.read_write(w_a, k_a), self.norm_mlp)
+            (k, beta, v), = self.delta_mlp.steps(self.mlp(inp.c), inp)
+            X_out, _, x_next = self.ops.write(X_mid, X.detach(), k_a.detach(), w_a.detach(), k, beta, v, reader.taps(),
+                                              self.delta_mlp.k_eps, store_state)
+            return X_out, x_next
+        X, writes = self.delta_attn(X, h, inp)
         if self.compress is None:
             x_in = self.read(X)
         else:                                  # read(X + sum_j w_j k~_j^T), without another pass over X
             for w, k_raw in writes:
                 x_in = x_in + self.compress.read_write(w, k_raw)
         inp = self.delta_mlp.read_input(x_in, self.norm_mlp)
-        return self.delta_mlp(X, self.mlp(inp.c), inp)[0]
+        X = self.delta_mlp(X, self.mlp(inp.c), inp)[0]
+        return X, None if reader is None else reader(X)
 
 
 def effective_rank(X: torch.Tensor) -> torch.Tensor:
@@ -145,6 +163,7 @@ class GPT(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.logit_multiplier = logit_multiplier(cfg)   # µP's readout: the tied embedding's logits / m
+        self.kept: list | None = None                   # each block's state, while state_ranks() asks for them
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -192,21 +211,30 @@ class GPT(nn.Module):
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         x = self.wte(idx)                                                      # (B,T,d)
         if self.cfg.residual == "ddl":
-            x_in = None                                # block 0's read of X0, from x: no pass over X0
-            if self.expand is not None:
-                X = self.expand(x)                                             # (B,T,dv,d), EC
-                x_in = self.expand.read_expanded(x, self.blocks[0].compress.taps())
-            else:
-                X = x.unsqueeze(-2).expand(B, T, self.cfg.dv, self.cfg.d_model)  # X0 = x_emb 1^T
-                if self.cfg.expanded:                  # X0 is a rank-1 write: read it from its factors
-                    x_in = self.blocks[0].compress.read_write(x.new_ones(B, T, self.cfg.dv), x)
-            for i, block in enumerate(self.blocks):
-                X = block(X, cos, sin, x_in if i == 0 else None)
-            x = X.squeeze(-2) if self.readout is None else self.readout(X)    # (B,T,d)
+            X, x_in = self.initial_state(x)
+            readers = [block.compress for block in self.blocks[1:]] + [self.readout]
+            last = len(self.blocks) - 1
+            for i, (block, reader) in enumerate(zip(self.blocks, readers, strict=True)):
+                X, x_in = block(X, cos, sin, x_in, reader, store_state=i < last or self.kept is not None)
+                if self.kept is not None:
+                    self.kept.append(X)
+            x = X.squeeze(-2) if self.readout is None else x_in                  # (B,T,d)
         else:
             for block in self.blocks:
                 x = block(x, cos, sin)
         return self.head(x, targets)
+
+    def initial_state(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """X0 (B,T,dv,d) in the state's dtype from the embedding x (B,T,d), and block 0's read of it from x (d_v > 1;
+        no pass over X0): the embedding repeated over d_v (a zero-strided view, a rank-1 write), or EC's expansion."""
+        B, T, d = x.shape
+        dtype = state_dtype(self.cfg.state_dtype, x)
+        if self.expand is not None:
+            return self.expand(x).to(dtype), self.expand.read_expanded(x, self.blocks[0].compress.taps())
+        X = x.to(dtype).unsqueeze(-2).expand(B, T, self.cfg.dv, d)                # X0 = x_emb 1^T
+        if not self.cfg.expanded:
+            return X, None
+        return X, self.blocks[0].compress.read_write(x.new_ones(B, T, self.cfg.dv), x)
 
     def head(self, x: torch.Tensor, targets: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The final norm, the logits (B,T,V) in at least fp32, and the loss when targets are given."""
@@ -226,6 +254,11 @@ class GPT(nn.Module):
         for block in self.blocks:
             block.compile(fullgraph=True, backend=backend)
         self.head = torch.compile(self.head, fullgraph=True, backend=backend)
+        # each of a block's graphs (block 0, the middle ones, the last; training, evaluation, the ranks' pass) counts
+        # towards dynamo's recompile limit of its code, and past it fullgraph fails
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 64))
 
     def delta_residuals(self) -> list[tuple[str, DeltaResidual]]:
         return [(f"L{i:02d}.{part}", getattr(block, f"delta_{part}"))
@@ -259,20 +292,12 @@ class GPT(nn.Module):
         the tokens of `idx` (d_v > 1; empty otherwise). See effective_rank."""
         if not self.cfg.expanded:
             return {}
-        ranks: dict[str, float] = {}
-
-        def record(i: int):
-            def hook(module, args, X):
-                ranks[f"erank/L{i:02d}"] = effective_rank(X).mean().item()
-            return hook
-
-        handles = [block.register_forward_hook(record(i)) for i, block in enumerate(self.blocks)]
+        self.kept = []                     # the forward keeps each block's state (no hooks: blocks may be compiled)
         try:
             self(idx)
+            return {f"erank/L{i:02d}": effective_rank(X).mean().item() for i, X in enumerate(self.kept)}
         finally:
-            for handle in handles:
-                handle.remove()
-        return ranks
+            self.kept = None
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())  # the tied embedding is counted once

@@ -1,17 +1,21 @@
 """The Delta residual's ops with hand-derived backwards (ModelConfig.kernels='fused').
 
-The state's four ops (update, read, rank-1 read, EC expansion) are autograd Functions, each tested
-against its plain PyTorch form in ddl/model/delta.py, in value and gradient. Their loops run as C++
-on CPU (cpu.cpp, built once per machine by native.py: one pass over each tensor per op and
-direction, parallel over tokens), as Triton kernels on CUDA (triton_loops.py, imported on first use
-there) and as PyTorch ops elsewhere or where neither can run (eager.py, the same math op by op).
-For backward they save their inputs and a few (B,T,dv) numbers, nothing state-sized.
-norm_projections, a sublayer's RMSNorm with the gates' linear maps, is one C++ op on CPU and the
-plain ops elsewhere (CUDA included).
+The state's ops are autograd Functions, each tested against its plain PyTorch form in
+ddl/model/delta.py, in value and gradient: a sublayer's update (DeltaUpdate, or DeltaProduct's steps),
+a block's two updates when d_v > 1 (DeltaKey, then DeltaWrite with the next block's read), the read,
+the rank-1 read and the EC expansion. Their loops run as C++ on CPU (cpu.cpp, built once per machine
+by native.py: one pass over each tensor per op and direction, parallel over tokens), as Triton
+kernels on CUDA (triton_loops.py, imported on first use there) and as PyTorch ops elsewhere or where
+neither can run (eager.py, the same math op by op). Every reduction and update is computed in at
+least fp32; the state is stored in its own dtype (ModelConfig.state_dtype: bf16 on CUDA by default).
+The Triton kernels load each input in its own dtype; the C++ and PyTorch-op loops get their inputs
+cast to the computing dtype. For backward the ops save their inputs and a few (B,T,dv) numbers.
+norm_projections, a sublayer's RMSNorm with the gates' linear maps, is one op too (C++, Triton).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 
@@ -19,16 +23,50 @@ import torch
 
 from . import eager, native
 
+_emulating_cuda = False
+
+
+@contextlib.contextmanager
+def cuda_path():
+    """Tensors of any device take the CUDA path (the Triton ops, a bf16 'auto' state): how ddl.traffic counts a GPU's
+    step on fake CPU tensors."""
+    global _emulating_cuda
+    before, _emulating_cuda = _emulating_cuda, True
+    try:
+        yield
+    finally:
+        _emulating_cuda = before
+
+
+def on_cuda_path(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda" or _emulating_cuda
+
 
 def loops_for(t: torch.Tensor):
     """The implementation of the loops for tensors like t: the C++ one on CPU when built, the Triton
     one on CUDA when triton imports (fp32 and narrower: it accumulates in fp32), else eager.
     DDL_NATIVE_KERNELS=0 asks for eager everywhere."""
+    if on_cuda_path(t) and t.dtype != torch.float64 and _triton():
+        return torch.ops.ddl_triton
     if _runs_cpp(t):
         return torch.ops.ddl_delta
-    if t.device.type == "cuda" and t.dtype != torch.float64 and _triton():
-        return torch.ops.ddl_triton
     return eager
+
+
+def computing(loops, acc: torch.dtype, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors as `loops` take them: as they are for the Triton kernels, which load each in its dtype and compute
+    in fp32; cast to the computing dtype acc for the C++ and PyTorch-op loops, which take one dtype."""
+    if loops is torch.ops.ddl_triton:
+        return list(tensors)
+    return [t.to(acc) for t in tensors]
+
+
+def state_dtype(setting: str, x: torch.Tensor) -> torch.dtype:
+    """The dtype the state is stored in (ModelConfig.state_dtype) for a model whose embedding gives x: 'auto' is bf16
+    on the CUDA path and x's dtype elsewhere (fp32; float64 in the parity tests)."""
+    if setting == "auto":
+        return torch.bfloat16 if on_cuda_path(x) and x.dtype != torch.float64 else x.dtype
+    return {"fp32": torch.float32, "bf16": torch.bfloat16}[setting]
 
 
 def loops_name(t: torch.Tensor) -> str:
@@ -86,7 +124,8 @@ def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class FusedDeltaUpdate(torch.autograd.Function):
-    """delta_update: (X, k~, beta, v, k_eps) -> (X + w k~^T, w), in at least fp32 whatever autocast says.
+    """delta_update: (X, k~, beta, v, k_eps) -> (X + w k~^T, w), computed in at least fp32 whatever autocast says,
+    the new state in X's dtype and w in the computing dtype.
 
     The key's normalisation k = k~ / sqrt(|k~|^2 + k_eps^2) happens inside: k is never materialised,
     and backward needs only the saved rho = 1/sqrt(|k~|^2 + k_eps^2) and q = X k~ (B,T,dv) beside
@@ -98,20 +137,83 @@ class FusedDeltaUpdate(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, X, h, beta, v, k_eps: float):
+        loops = loops_for(X)
         with torch.autocast(X.device.type, enabled=False):
-            acc = at_least_fp32(X.dtype)
-            inputs = [t.to(acc) for t in (X, h, beta, v)]
-            X_new, w, rho, q = loops_for(X).update_forward(*inputs, k_eps ** 2)
+            inputs = computing(loops, at_least_fp32(X.dtype), X, h, beta, v)
+            X_new, w, rho, q = loops.update_forward(*inputs, k_eps ** 2)
         ctx.save_for_backward(*inputs, rho, q)
         ctx.dtypes = (X.dtype, h.dtype, beta.dtype, v.dtype)
         return cast(X_new, X.dtype), w
 
     @staticmethod
     def backward(ctx, G, g_w):
+        return *_update_backward(ctx, G, g_w), None
+
+
+def _update_backward(ctx, G, g_w) -> list[torch.Tensor]:
+    """The gradients of an update's X, k~, beta, v (each in its input's dtype) from what the forward saved."""
+    X, *_ = saved = ctx.saved_tensors
+    loops = loops_for(X)
+    with torch.autocast(G.device.type, enabled=False):
+        G, = computing(loops, X.dtype, G)
+        grads = loops.update_backward(G, g_w, *saved)
+    return [cast(g, dtype) for g, dtype in zip(grads, ctx.dtypes, strict=True)]
+
+
+class DeltaKey(torch.autograd.Function):
+    """The first update of a block whose state has d_v > 1, X_mid = X + w_a k~_a^T, without writing X_mid:
+    (X, k~_a, beta_a, v_a, k_eps) -> (w_a, H). H, the mid state's handle, is a zero-strided tensor of X's shape
+    whose value is never read: DeltaWrite rebuilds X_mid from X and the write's factors in registers, and
+    returns dL/dX_mid as H's gradient, from which the backward here is FusedDeltaUpdate's."""
+
+    @staticmethod
+    def forward(ctx, X, h, beta, v, k_eps: float):
+        loops = loops_for(X)
+        with torch.autocast(X.device.type, enabled=False):
+            inputs = computing(loops, at_least_fp32(X.dtype), X, h, beta, v)
+            w, rho, q = loops.key_forward(*inputs, k_eps ** 2)
+        ctx.save_for_backward(*inputs, rho, q)
+        ctx.dtypes = (X.dtype, h.dtype, beta.dtype, v.dtype)
+        return w, X.new_zeros(()).expand(X.shape)
+
+    @staticmethod
+    def backward(ctx, g_w, G_mid):
+        return *_update_backward(ctx, G_mid, g_w), None
+
+
+class DeltaWrite(torch.autograd.Function):
+    """A block's second update and the next read, d_v > 1: (H, X, k~_a, w_a, k~, beta, v, A, k_eps, store_state) ->
+    (X_out, w, x_next), with X_mid = X + w_a k~_a^T (rebuilt from its factors, never stored), X_out = X_mid + w k~^T
+    (delta_update of X_mid; empty unless store_state) and x_next = state_read(X_out, A) (A: the next block's taps or
+    the final readout's). H is DeltaKey's handle of X_mid: its gradient is dL/dX_mid; X, k~_a and w_a only rebuild
+    X_mid and get none (pass them detached). Backward reads dL/dX_out and X and writes dL/dX_mid: nothing
+    state-sized is saved but X."""
+
+    @staticmethod
+    def forward(ctx, handle, X, h_a, w_a, h, beta, v, A, k_eps: float, store_state: bool):
+        loops = loops_for(X)
+        acc = at_least_fp32(X.dtype)
+        with torch.autocast(X.device.type, enabled=False):
+            inputs = computing(loops, acc, X, h_a, w_a, h, beta, v, A)
+            X_out, w, rho, q, x_next = loops.write_forward(*inputs, k_eps ** 2, store_state)
+        ctx.save_for_backward(*inputs[:-1], rho, q, inputs[-1])      # write_backward's order: ..., rho, q, A
+        ctx.set_materialize_grads(False)                             # an unused output's gradient is None
+        ctx.dtypes = (h.dtype, beta.dtype, v.dtype, A.dtype)
+        ctx.state_dtype = X.dtype
+        return cast(X_out, X.dtype), w, x_next
+
+    @staticmethod
+    def backward(ctx, G, g_w, g_next):
         X, *_ = saved = ctx.saved_tensors
-        with torch.autocast(G.device.type, enabled=False):
-            grads = loops_for(X).update_backward(G.to(X.dtype), g_w, *saved)
-        return *(g.to(dtype) for g, dtype in zip(grads, ctx.dtypes, strict=True)), None
+        loops = loops_for(X)
+        G = None if G is not None and G.numel() == 0 else G          # the unstored state's (compiled: zeros)
+        with torch.autocast(X.device.type, enabled=False):
+            G, g_next = (None if g is None else computing(loops, X.dtype, g)[0] for g in (G, g_next))
+            if g_next is None:
+                g_next = X.new_zeros(X.shape[:2] + X.shape[3:], dtype=at_least_fp32(X.dtype))
+            G_mid, *grads = loops.write_backward(G, g_w, g_next, *saved)
+        g_h, g_beta, g_v, g_A = (cast(g, dtype) for g, dtype in zip(grads, ctx.dtypes, strict=True))
+        return cast(G_mid, ctx.state_dtype), None, None, None, g_h, g_beta, g_v, g_A, None, None
 
 
 class FusedDeltaSteps(torch.autograd.Function):
@@ -122,10 +224,10 @@ class FusedDeltaSteps(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, X, k_eps: float, *steps):
+        loops = loops_for(X)
         with torch.autocast(X.device.type, enabled=False):
-            acc = at_least_fp32(X.dtype)
-            X_acc, *inputs = (t.to(acc) for t in (X, *steps))
-            X_new, w, rho, q = loops_for(X).update_steps_forward(X_acc, *_by_kind(inputs), k_eps ** 2)
+            X_acc, *inputs = computing(loops, at_least_fp32(X.dtype), X, *steps)
+            X_new, w, rho, q = loops.update_steps_forward(X_acc, *_by_kind(inputs), k_eps ** 2)
         ctx.save_for_backward(X_acc, *inputs, rho, q)
         ctx.dtypes = [t.dtype for t in (X, *steps)]
         return cast(X_new, X.dtype), w
@@ -133,10 +235,12 @@ class FusedDeltaSteps(torch.autograd.Function):
     @staticmethod
     def backward(ctx, G, g_w):
         X, *inputs, rho, q = ctx.saved_tensors
+        loops = loops_for(X)
         with torch.autocast(G.device.type, enabled=False):
-            g_X, g_h, g_beta, g_v = loops_for(X).update_steps_backward(G.to(X.dtype), g_w, X, *_by_kind(inputs), rho, q)
+            G, = computing(loops, X.dtype, G)
+            g_X, g_h, g_beta, g_v = loops.update_steps_backward(G, g_w, X, *_by_kind(inputs), rho, q)
         grads = [g_X] + [g for s in range(g_h.size(2)) for g in (g_h[:, :, s], g_beta[:, :, s, None], g_v[:, :, s])]
-        g_X, *step_grads = (g.to(dtype) for g, dtype in zip(grads, ctx.dtypes, strict=True))
+        g_X, *step_grads = (cast(g, dtype) for g, dtype in zip(grads, ctx.dtypes, strict=True))
         return g_X, None, *step_grads
 
 
@@ -157,13 +261,23 @@ def update_steps(X, steps, k_eps: float):
 
 def _keeping_inputs(name: str, op: str, doc: str) -> type[torch.autograd.Function]:
     """An autograd Function that saves its inputs and runs the loops' <op>_forward(*inputs), then
-    <op>_backward(g, *inputs): what the three ops that need nothing else for backward share."""
+    <op>_backward(g, *inputs): what the three ops that need nothing else for backward share. Their outputs and
+    gradients are in the computing dtype (at least fp32, whatever the inputs')."""
     def forward(ctx, *inputs):
-        ctx.save_for_backward(*inputs)
-        return getattr(loops_for(inputs[0]), f"{op}_forward")(*inputs)
+        loops = loops_for(inputs[0])
+        ctx.dtypes = [t.dtype for t in inputs]
+        with torch.autocast(inputs[0].device.type, enabled=False):
+            inputs = computing(loops, at_least_fp32(inputs[0].dtype), *inputs)
+            ctx.save_for_backward(*inputs)
+            return getattr(loops, f"{op}_forward")(*inputs)
 
     def backward(ctx, g):
-        return getattr(loops_for(g), f"{op}_backward")(g, *ctx.saved_tensors)
+        saved = ctx.saved_tensors
+        loops = loops_for(saved[0])
+        with torch.autocast(g.device.type, enabled=False):
+            g, = computing(loops, at_least_fp32(saved[0].dtype), g)
+            grads = getattr(loops, f"{op}_backward")(g, *saved)
+        return tuple(cast(grad, dtype) for grad, dtype in zip(grads, ctx.dtypes, strict=True))
 
     return type(name, (torch.autograd.Function,),
                 {"__doc__": doc, "forward": staticmethod(forward), "backward": staticmethod(backward)})
@@ -175,35 +289,50 @@ FusedRankOneRead = _keeping_inputs("FusedRankOneRead", "rank_one",
 FusedExpand = _keeping_inputs("FusedExpand", "expand",
                               "expand_state: x (B,T,d), E (dv,d,L) -> the EC state (B,T,dv,d).")
 
+MAX_FOLDED_MAPS = 32   # gate and value maps folded into the norm's row kernel on CUDA; a wider map is a matmul
+
 
 def norm_projections(x, weight, W_c, W_x, eps: float):
     """(c, c W_c^T, x W_x^T) with c = rms_norm(x) * weight: a sublayer's RMSNorm with the gates that
-    read its output and its input. On CPU one fused op (its backward adds the gates' gradients
-    into the norm's instead of writing and summing separate ones); elsewhere the plain ops."""
-    if _runs_cpp(x):
-        return FusedNormProjections.apply(x, weight, W_c, W_x, eps)
-    return eager.norm_projections(x, weight, W_c, W_x, eps)
+    read its output and its input, in one op where the loops have one (C++ on CPU, Triton on CUDA; its
+    backward adds the gates' gradients into the norm's instead of writing and summing separate ones),
+    else the plain ops. On CUDA a map of c wider than MAX_FOLDED_MAPS (the MLP gate's) runs as a matmul."""
+    loops = loops_for(x)
+    if loops is eager:
+        return eager.norm_projections(x, weight, W_c, W_x, eps)
+    if loops is torch.ops.ddl_triton and W_c.size(0) > MAX_FOLDED_MAPS:
+        c, _, l_x = FusedNormProjections.apply(x, weight, W_c[:0], W_x, eps)
+        return c, torch.nn.functional.linear(c, W_c), l_x
+    return FusedNormProjections.apply(x, weight, W_c, W_x, eps)
 
 
 class FusedNormProjections(torch.autograd.Function):
-    """norm_projections in C++, in at least fp32; keeps x and rho = 1/sqrt(mean(x^2) + eps) for backward."""
+    """norm_projections in one op each way, in at least fp32: c in autocast's dtype where it is on (what the
+    sublayer's matmuls read), else in x's; the maps' outputs in the computing dtype. Keeps x and
+    rho = 1/sqrt(mean(x^2) + eps) for backward."""
 
     @staticmethod
     def forward(ctx, x, weight, W_c, W_x, eps: float):
-        with torch.autocast(x.device.type, enabled=False):
-            acc = at_least_fp32(x.dtype)
-            inputs = [t.to(acc) for t in (x, weight, W_c, W_x)]
-            c, l_c, l_x, rho = torch.ops.ddl_delta.norm_forward(*inputs, eps)
+        device = x.device.type
+        c_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        loops = loops_for(x)
+        with torch.autocast(device, enabled=False):
+            inputs = computing(loops, at_least_fp32(x.dtype), x, weight, W_c, W_x)
+            if loops is torch.ops.ddl_triton:
+                c, l_c, l_x, rho = loops.norm_forward(*inputs, eps, c_dtype)
+            else:
+                c, l_c, l_x, rho = loops.norm_forward(*inputs, eps)
         ctx.save_for_backward(*inputs, rho)
         ctx.dtypes = [t.dtype for t in (x, weight, W_c, W_x)]
-        return cast(c, x.dtype), l_c, l_x
+        return cast(c, c_dtype), l_c, l_x
 
     @staticmethod
     def backward(ctx, g_c, g_lc, g_lx):
         x, weight, W_c, W_x, rho = ctx.saved_tensors
+        loops = loops_for(x)
         shapes = (x.shape, x.shape[:-1] + W_c.shape[:1], x.shape[:-1] + W_x.shape[:1])
-        grads = [x.new_zeros(shape) if g is None else g.to(x.dtype)
+        grads = [x.new_zeros(shape) if g is None else computing(loops, x.dtype, g)[0]
                  for g, shape in zip((g_c, g_lc, g_lx), shapes, strict=True)]
         with torch.autocast(x.device.type, enabled=False):
-            g_x, g_weight, g_Wc, g_Wx = torch.ops.ddl_delta.norm_backward(*grads, x, weight, W_c, W_x, rho)
-        return *(g.to(dtype) for g, dtype in zip((g_x, g_weight, g_Wc, g_Wx), ctx.dtypes, strict=True)), None
+            g_x, g_weight, g_Wc, g_Wx = loops.norm_backward(*grads, x, weight, W_c, W_x, rho)
+        return *(cast(g, dtype) for g, dtype in zip((g_x, g_weight, g_Wc, g_Wx), ctx.dtypes, strict=True)), None

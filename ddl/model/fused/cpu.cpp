@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -78,7 +79,8 @@ Tensor taps_from_lags(const Tensor& A_lag) { return A_lag.permute({1, 2, 0}).fli
 template <typename T>
 inline T write_coefficient(T b, T r, T v, T q) { return b * r * (v - r * q); }
 
-// One token's update, Y = X + w k~^T, with its rho, w and q: X and Y its (dv, d) rows (Y may be X).
+// One token's update, Y = X + w k~^T, with its rho, w and q: X and Y its (dv, d) rows (Y may be X; null: only
+// w, rho and q).
 template <typename T>
 inline void update_token(const T* X, const T* k, T b, const T* v, T eps2, T* Y, T* w, T* rho, T* q, int64_t dv,
                          int64_t d) {
@@ -86,13 +88,30 @@ inline void update_token(const T* X, const T* k, T b, const T* v, T eps2, T* Y, 
   *rho = r;
   for (int64_t j = 0; j < dv; ++j) {
     const T* Xj = X + j * d;
-    T* Yj = Y + j * d;
     const T qj = dot(Xj, k, d);
     const T wj = write_coefficient(b, r, v[j], qj);
     q[j] = qj;
     w[j] = wj;
+    if (!Y) continue;
+    T* Yj = Y + j * d;
 #pragma omp simd
     for (int64_t i = 0; i < d; ++i) Yj[i] = Xj[i] + wj * k[i];
+  }
+}
+
+// Y = X + sum over the factors (w_s (dv), k_s (d)) of w_s k_s^T: a token's (dv, d) row rebuilt from a state and writes.
+template <typename T>
+inline void add_writes(const T* X, std::initializer_list<std::pair<const T*, const T*>> writes, T* Y, int64_t dv,
+                       int64_t d) {
+  for (int64_t j = 0; j < dv; ++j) {
+    const T* Xj = X + j * d;
+    T* Yj = Y + j * d;
+    std::copy(Xj, Xj + d, Yj);
+    for (const auto& [w, k] : writes) {
+      const T wj = w[j];
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) Yj[i] += wj * k[i];
+    }
   }
 }
 
@@ -147,6 +166,77 @@ void update_backward_loop(const T* G, const T* g_w, const T* X, const T* h, cons
                             v + n * dv, rho[n], q + n * dv, g_X + n * dv * d, g_h + n * d, g_beta + n, g_v + n * dv,
                             w.data(), g_q.data(), dv, d);
   });
+}
+
+// A block's first update when its state has d_v > 1: w, rho, q of update_forward, the new state not written.
+template <typename T>
+void key_forward_loop(const T* X, const T* h, const T* beta, const T* v, T eps2, T* w, T* rho, T* q, int64_t N,
+                      int64_t dv, int64_t d) {
+  at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
+    for (int64_t n = first; n < last; ++n)
+      update_token(X + n * dv * d, h + n * d, beta[n], v + n * dv, eps2, static_cast<T*>(nullptr), w + n * dv, rho + n,
+                   q + n * dv, dv, d);
+  });
+}
+
+// Its second update, of the mid state X + w_a k~_a^T (rebuilt per token, never stored), and the next read of the
+// result, x_next[t] = sum over lag, j of A[lag, j] * X_out[t-lag, j] (A by lag). Each thread walks its tokens in order
+// with the last L rows of X_out in a ring, after rebuilding the rows of the L-1 tokens before its first; X_out is
+// written when X_new is not null.
+template <typename T>
+void write_forward_loop(const T* X, const T* h_a, const T* w_a, const T* h, const T* beta, const T* v, const T* A,
+                        T eps2, T* X_new, T* w, T* rho, T* q, T* x_next, int64_t N, int64_t T_, int64_t L, int64_t dv,
+                        int64_t d) {
+  const int64_t row = dv * d;
+  at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
+    std::vector<T> ring(L * row), mid(row), scratch(2 * dv + 1);
+    const int64_t start = std::max(first - (L - 1), first - first % T_);  // the earliest token the reads need
+    for (int64_t n = start; n < last; ++n) {
+      T* out = ring.data() + (n % L) * row;
+      const bool own = n >= first;
+      add_writes(X + n * row, {{w_a + n * dv, h_a + n * d}}, mid.data(), dv, d);
+      T *wn = own ? w + n * dv : scratch.data(), *qn = own ? q + n * dv : scratch.data() + dv;
+      update_token(mid.data(), h + n * d, beta[n], v + n * dv, eps2, out, wn, own ? rho + n : scratch.data() + 2 * dv,
+                   qn, dv, d);
+      if (!own) continue;
+      if (X_new) std::copy(out, out + row, X_new + n * row);
+      T* y = x_next + n * d;
+      std::fill(y, y + d, T(0));
+      for (int64_t lag = 0; lag < std::min(L, n % T_ + 1); ++lag) {
+        const T* src = ring.data() + ((n - lag) % L) * row;
+        for (int64_t j = 0; j < dv; ++j) {
+          const T *a = A + (lag * dv + j) * d, *s = src + j * d;
+#pragma omp simd
+          for (int64_t i = 0; i < d; ++i) y[i] += a[i] * s[i];
+        }
+      }
+    }
+  });
+}
+
+// Its backward for tokens [first, last): with G_tot = dL/dX_out (G, or zero) plus the read's
+// sum over lag of A[lag] * g_next[t+lag], the update's backward of the rebuilt mid state gives dL/dX_mid (G_mid),
+// dL/dk~, dL/dbeta, dL/dv; the taps' partial g_A[lag, j] gets X_out[t, j] * g_next[t+lag].
+template <typename T>
+void write_backward_loop(const T* G, const T* g_w, const T* g_next, const T* X, const T* h_a, const T* w_a, const T* h,
+                         const T* beta, const T* v, const T* rho, const T* q, const T* A, T* G_mid, T* g_h, T* g_beta,
+                         T* g_v, T* g_A, int64_t first, int64_t last, int64_t T_, int64_t L, int64_t dv, int64_t d) {
+  const int64_t row = dv * d;
+  std::vector<T> mid(row), out(row), G_tot(row), w(dv), g_q(dv), w_new(dv);
+  for (int64_t n = first; n < last; ++n) {
+    add_writes(X + n * row, {{w_a + n * dv, h_a + n * d}}, mid.data(), dv, d);
+    for (int64_t j = 0; j < dv; ++j) w_new[j] = write_coefficient(beta[n], rho[n], v[n * dv + j], q[n * dv + j]);
+    add_writes(mid.data(), {{w_new.data(), h + n * d}}, out.data(), dv, d);
+    if (G) std::copy(G + n * row, G + (n + 1) * row, G_tot.begin());
+    else std::fill(G_tot.begin(), G_tot.end(), T(0));
+    for (int64_t lag = 0; lag < std::min(L, T_ - n % T_); ++lag)  // X_out[n] feeds the reads at n .. n + L - 1
+      for (int64_t j = 0; j < dv; ++j)
+        conv_grads_at_lag(G_tot.data() + j * d, g_A + (lag * dv + j) * d, A + (lag * dv + j) * d, out.data() + j * d,
+                          g_next + (n + lag) * d, d);
+    update_token_backward(G_tot.data(), g_w ? g_w + n * dv : nullptr, mid.data(), h + n * d, beta[n], v + n * dv,
+                          rho[n], q + n * dv, G_mid + n * row, g_h + n * d, g_beta + n, g_v + n * dv, w.data(),
+                          g_q.data(), dv, d);
+  }
 }
 
 // The S updates of a sublayer, X_s = X_{s-1} + w_s k~_s^T, one token at a time: its rows stay in cache from
@@ -439,6 +529,87 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> update_backward(const Tensor& G_, con
   return {g_X, g_h, g_beta, g_v};
 }
 
+std::tuple<Tensor, Tensor, Tensor> key_forward(const Tensor& X_, const Tensor& h_, const Tensor& beta_, const Tensor& v_,
+                                               double eps2) {
+  const Tensor X = X_.contiguous(), h = h_.contiguous(), beta = beta_.contiguous(), v = v_.contiguous();
+  check_state(X, h);
+  const int64_t d = X.size(-1), dv = X.size(-2);
+  check_shape(beta, {X.size(0), X.size(1), 1}, "beta");
+  check_shape(v, {X.size(0), X.size(1), dv}, "v");
+  Tensor w = at::empty_like(v), rho = at::empty_like(beta), q = at::empty_like(v);
+  AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "ddl_delta::key_forward", [&] {
+    key_forward_loop<scalar_t>(ptr<scalar_t>(X), ptr<scalar_t>(h), ptr<scalar_t>(beta), ptr<scalar_t>(v), eps2,
+                               w.data_ptr<scalar_t>(), rho.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(), h.numel() / d,
+                               dv, d);
+  });
+  return {w, rho, q};
+}
+
+// The inputs of write_forward and write_backward, contiguous and checked: X (B,T,dv,d), h_a and h (B,T,d),
+// w_a and v (B,T,dv), beta (B,T,1), A (dv,d,L) as by lag (L,dv,d).
+struct WriteInputs {
+  Tensor X, h_a, w_a, h, beta, v, A_lag;
+
+  WriteInputs(const Tensor& X_, const Tensor& h_a_, const Tensor& w_a_, const Tensor& h_, const Tensor& beta_,
+              const Tensor& v_, const Tensor& A)
+      : X(X_.contiguous()), h_a(h_a_.contiguous()), w_a(w_a_.contiguous()), h(h_.contiguous()),
+        beta(beta_.contiguous()), v(v_.contiguous()) {
+    check_state(X, h);
+    check_state(X, h_a);
+    const int64_t B = X.size(0), T = X.size(1), dv = X.size(2);
+    for (const Tensor& t : {w_a, v}) check_shape(t, {B, T, dv}, "w_a, v");
+    check_shape(beta, {B, T, 1}, "beta");
+    check_taps(A, dv, X.size(3));
+    A_lag = taps_by_lag(A.to(X.scalar_type()));
+  }
+};
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> write_forward(const Tensor& X_, const Tensor& h_a_, const Tensor& w_a_,
+                                                                 const Tensor& h_, const Tensor& beta_, const Tensor& v_,
+                                                                 const Tensor& A, double eps2, bool store_state) {
+  const WriteInputs in(X_, h_a_, w_a_, h_, beta_, v_, A);
+  const int64_t B = in.X.size(0), T = in.X.size(1), dv = in.X.size(2), d = in.X.size(3);
+  Tensor X_new = at::empty(store_state ? in.X.sizes() : at::IntArrayRef{0}, in.X.options());
+  Tensor w = at::empty_like(in.v), rho = at::empty_like(in.beta), q = at::empty_like(in.v);
+  Tensor x_next = at::empty({B, T, d}, in.X.options());
+  AT_DISPATCH_FLOATING_TYPES(in.X.scalar_type(), "ddl_delta::write_forward", [&] {
+    write_forward_loop<scalar_t>(ptr<scalar_t>(in.X), ptr<scalar_t>(in.h_a), ptr<scalar_t>(in.w_a), ptr<scalar_t>(in.h),
+                                 ptr<scalar_t>(in.beta), ptr<scalar_t>(in.v), ptr<scalar_t>(in.A_lag), eps2,
+                                 store_state ? X_new.data_ptr<scalar_t>() : nullptr, w.data_ptr<scalar_t>(),
+                                 rho.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(), x_next.data_ptr<scalar_t>(), B * T, T,
+                                 in.A_lag.size(0), dv, d);
+  });
+  return {X_new, w, rho, q, x_next};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> write_backward(
+    const std::optional<Tensor>& G_, const std::optional<Tensor>& g_w_, const Tensor& g_next_, const Tensor& X_,
+    const Tensor& h_a_, const Tensor& w_a_, const Tensor& h_, const Tensor& beta_, const Tensor& v_, const Tensor& rho_,
+    const Tensor& q_, const Tensor& A) {
+  const WriteInputs in(X_, h_a_, w_a_, h_, beta_, v_, A);
+  const int64_t B = in.X.size(0), T = in.X.size(1), dv = in.X.size(2), d = in.X.size(3), L = in.A_lag.size(0);
+  const Tensor G = G_ ? G_->contiguous() : Tensor(), g_w = g_w_ ? g_w_->contiguous() : Tensor();
+  const Tensor g_next = g_next_.contiguous(), rho = rho_.contiguous(), q = q_.contiguous();
+  if (G.defined()) check_shape(G, in.X.sizes(), "dL/dX_out");
+  if (g_w.defined()) check_shape(g_w, in.v.sizes(), "dL/dw");
+  check_shape(g_next, {B, T, d}, "dL/dx_next");
+  check_shape(rho, in.beta.sizes(), "rho");
+  check_shape(q, in.v.sizes(), "q");
+  Tensor G_mid = at::empty_like(in.X), g_h = at::empty_like(in.h), g_beta = at::empty_like(in.beta);
+  Tensor g_v = at::empty_like(in.v), g_A_lag;
+  AT_DISPATCH_FLOATING_TYPES(in.X.scalar_type(), "ddl_delta::write_backward", [&] {
+    g_A_lag = sum_over_tokens<scalar_t>(B * T, in.A_lag.sizes(), in.X, [&](int64_t first, int64_t last, scalar_t* g_A) {
+      write_backward_loop<scalar_t>(G.defined() ? ptr<scalar_t>(G) : nullptr, g_w.defined() ? ptr<scalar_t>(g_w) : nullptr,
+                                    ptr<scalar_t>(g_next), ptr<scalar_t>(in.X), ptr<scalar_t>(in.h_a),
+                                    ptr<scalar_t>(in.w_a), ptr<scalar_t>(in.h), ptr<scalar_t>(in.beta),
+                                    ptr<scalar_t>(in.v), ptr<scalar_t>(rho), ptr<scalar_t>(q), ptr<scalar_t>(in.A_lag),
+                                    G_mid.data_ptr<scalar_t>(), g_h.data_ptr<scalar_t>(), g_beta.data_ptr<scalar_t>(),
+                                    g_v.data_ptr<scalar_t>(), g_A, first, last, T, L, dv, d);
+    });
+  });
+  return {G_mid, g_h, g_beta, g_v, taps_from_lags(g_A_lag)};
+}
+
 // The steps' inputs, each checked and contiguous: h[s] (B,T,d), beta[s] (B,T,1), v[s] (B,T,dv).
 struct Steps {
   std::vector<Tensor> h, beta, v;
@@ -648,6 +819,11 @@ TORCH_LIBRARY(ddl_delta, m) {
   m.def("update_forward(Tensor X, Tensor h, Tensor beta, Tensor v, float eps2) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("update_backward(Tensor G, Tensor? g_w, Tensor X, Tensor h, Tensor beta, Tensor v, Tensor rho, Tensor q)"
         " -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("key_forward(Tensor X, Tensor h, Tensor beta, Tensor v, float eps2) -> (Tensor, Tensor, Tensor)");
+  m.def("write_forward(Tensor X, Tensor h_a, Tensor w_a, Tensor h, Tensor beta, Tensor v, Tensor A, float eps2,"
+        " bool store_state) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("write_backward(Tensor? G, Tensor? g_w, Tensor g_next, Tensor X, Tensor h_a, Tensor w_a, Tensor h, Tensor beta,"
+        " Tensor v, Tensor rho, Tensor q, Tensor A) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("update_steps_forward(Tensor X, Tensor[] h, Tensor[] beta, Tensor[] v, float eps2)"
         " -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("update_steps_backward(Tensor G, Tensor? g_w, Tensor X, Tensor[] h, Tensor[] beta, Tensor[] v, Tensor rho,"
@@ -666,6 +842,9 @@ TORCH_LIBRARY(ddl_delta, m) {
 TORCH_LIBRARY_IMPL(ddl_delta, CPU, m) {
   m.impl("update_forward", update_forward);
   m.impl("update_backward", update_backward);
+  m.impl("key_forward", key_forward);
+  m.impl("write_forward", write_forward);
+  m.impl("write_backward", write_backward);
   m.impl("update_steps_forward", update_steps_forward);
   m.impl("update_steps_backward", update_steps_backward);
   m.impl("read_forward", read_forward);

@@ -40,6 +40,35 @@ def update_backward(G, g_w, X, h, beta, v, rho, q):
     return g_X, g_h, g_beta, g_res
 
 
+def key_forward(X, h, beta, v, eps2: float):
+    """update_forward without its new state: w, rho, q (the attention's update, whose state only its handle carries)."""
+    rho = torch.rsqrt(torch.linalg.vecdot(h, h).unsqueeze(-1) + eps2)
+    q = torch.linalg.vecdot(X, h.unsqueeze(-2))
+    return write_coefficient(beta, rho, v, q), rho, q
+
+
+def mid_state(X, h_a, w_a):
+    """X + w_a k~_a^T: the state between a block's two updates, rebuilt from the block's input and the first write."""
+    return torch.addcmul(X, w_a.unsqueeze(-1), h_a.unsqueeze(-2))
+
+
+def write_forward(X, h_a, w_a, h, beta, v, A, eps2: float, store_state: bool):
+    """The MLP's update of the mid state X + w_a k~_a^T and the next read of its result: X_out (empty when not
+    store_state), w, rho, q, and x_next = read_forward(X_out, A)."""
+    X_out, w, rho, q = update_forward(mid_state(X, h_a, w_a), h, beta, v, eps2)
+    return X_out if store_state else X_out.new_empty(0), w, rho, q, read_forward(X_out, A)
+
+
+def write_backward(G, g_w, g_next, X, h_a, w_a, h, beta, v, rho, q, A):
+    """Gradients of write_forward's (X_out, w, x_next), G = dL/dX_out (None: not stored): dL/dX_mid, dL/dk~,
+    dL/dbeta, dL/dv and dL/dA."""
+    X_mid = mid_state(X, h_a, w_a)
+    X_out = torch.addcmul(X_mid, write_coefficient(beta, rho, v, q).unsqueeze(-1), h.unsqueeze(-2))
+    g_read, g_A = read_backward(g_next, X_out, A)
+    G_mid, g_h, g_beta, g_v = update_backward(g_read if G is None else G + g_read, g_w, X_mid, h, beta, v, rho, q)
+    return G_mid, g_h, g_beta, g_v, g_A
+
+
 def update_steps_forward(X, h, beta, v, eps2: float):
     """The S updates of a sublayer in turn, step s's k~, beta, v = h[s], beta[s], v[s]: X_S and each step's
     w, rho, q stacked by step, (B,T,S,dv), (B,T,S), (B,T,S,dv)."""

@@ -82,6 +82,11 @@ def _register_fakes() -> None:
     fakes = {
         "update_forward": lambda X, h, beta, v, eps2: (new(X), new(v), new(beta), new(v)),
         "update_backward": lambda G, g_w, X, h, beta, v, rho, q: (new(X), new(h), new(beta), new(v)),
+        "key_forward": lambda X, h, beta, v, eps2: (new(v), new(beta), new(v)),
+        "write_forward": lambda X, h_a, w_a, h, beta, v, A, eps2, store: (new(X) if store else new(X, (0,)), new(v),
+                                                                            new(beta), new(v), new(h)),
+        "write_backward": lambda G, g_w, g_next, X, h_a, w_a, h, beta, v, rho, q, A: (new(X), new(h), new(beta),
+                                                                                      new(v), new(A)),
         "update_steps_forward": lambda X, h, beta, v, eps2: (new(X), *by_step(X, len(h))),
         "update_steps_backward": lambda G, g_w, X, h, beta, v, rho, q: (new(X), new(X, rho.shape + X.shape[3:]),
                                                                          new(rho), new(q)),

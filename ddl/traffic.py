@@ -1,0 +1,162 @@
+"""What one training step moves through memory, counted from its op stream without running it.
+
+The step (forward, backward, fused AdamW) runs on fake tensors (FakeTensorMode: shapes and dtypes, no
+data) under bf16 autocast, with the CUDA path's kernels and state dtype: each op a GPU would launch is
+seen once by a dispatch mode, which adds up the bytes it reads and writes (its tensor inputs plus its
+outputs), calls a view free, and sorts the rest into
+
+- matmul: a matrix product whose every side is at least MATMUL_MIN_SIDE (compute-bound; a skinny
+  product, a gate's d -> 1 map, is memory traffic like any elementwise op),
+- attention: the fused attention kernels,
+- the rest, `non_matmul_bytes`: the traffic that decides a memory-bound step's time.
+
+Each fused custom op (the Delta kernels) is one op: its inputs and outputs, nothing of its inside.
+RMSNorm runs as one fused op forward and one backward, as torch's fused CUDA kernels do. `saved_bytes`
+is what autograd holds for backward at the end of the forward (unique storages, parameters excluded).
+
+    step_traffic(cfg, batch=16, seq=1024) -> {"non_matmul_bytes", "saved_bytes", "kernel_calls", ...}
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+MATMUL_MIN_SIDE = 16
+MATMULS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation", "matmul"}
+FREE = {"_unsafe_view", "detach", "alias", "lift_fresh", "empty", "empty_like", "empty_strided", "new_empty",
+        "new_empty_strided", "_local_scalar_dense", "device"}
+WRITE_ONLY = {"new_zeros", "new_ones", "new_full", "zeros_like", "ones_like", "full_like", "zeros", "ones", "full",
+              "fill", "zero_"}                               # they write their output and read no input
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    leaves = torch.utils._pytree.tree_leaves(tree)
+    return [t for t in leaves if isinstance(t, torch.Tensor)]
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    """The bytes an op touches of t: every element once (a broadcast view: its storage's share)."""
+    if 0 in t.stride() or not t.is_contiguous():
+        distinct = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True) if size)
+        return min(t.numel(), distinct) * t.element_size() if t.numel() else 0
+    return t.numel() * t.element_size()
+
+
+def _kind(func, inputs: list[torch.Tensor]) -> str:
+    name = func.overloadpacket.__name__
+    if name in MATMULS:
+        mats = [t for t in inputs if t.dim() >= 2]
+        sides = [s for t in mats for s in t.shape[-2:]]
+        return "matmul" if sides and min(sides) >= MATMUL_MIN_SIDE else "memory"
+    if "attention" in name or "scaled_dot_product" in name:
+        return "attention"
+    return "memory"
+
+
+class OpCounter(TorchDispatchMode):
+    """Adds up each op's bytes (inputs + outputs) by kind, and the calls that launch a kernel."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes = collections.Counter()
+        self.calls = collections.Counter()
+        self.by_op = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if func.is_view or name in FREE:
+            return out
+        inputs = [] if name in WRITE_ONLY else _tensors((args, kwargs))
+        touched = sum(_nbytes(t) for t in inputs) + sum(_nbytes(t) for t in _tensors(out))
+        kind = _kind(func, inputs)
+        self.bytes[kind] += touched
+        self.calls[kind] += 1
+        self.by_op[f"{func.namespace}::{name}"] += touched
+        return out
+
+
+# RMSNorm as CUDA runs it: one fused kernel each way (on CPU torch decomposes it into five ops).
+_norm_lib = torch.library.Library("ddl_traffic", "DEF")
+_norm_lib.define("rms_norm(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)")
+_norm_lib.define("rms_norm_backward(Tensor g, Tensor x, Tensor weight, Tensor rstd) -> (Tensor, Tensor)")
+
+
+@torch.library.register_fake("ddl_traffic::rms_norm")
+def _(x, weight, eps):
+    return x.new_empty(x.shape), x.new_empty(x.shape[:-1] + (1,), dtype=torch.float32)
+
+
+@torch.library.register_fake("ddl_traffic::rms_norm_backward")
+def _(g, x, weight, rstd):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+class _FusedRMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        y, rstd = torch.ops.ddl_traffic.rms_norm(x, weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        g_x, g_w = torch.ops.ddl_traffic.rms_norm_backward(g, *ctx.saved_tensors)
+        return g_x, g_w, None
+
+
+class _FusedNorms(TorchFunctionMode):
+    """F.rms_norm with a weight as _FusedRMSNorm (the weight cast to x's dtype, as GPT's RMSNorm does)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", None) == "rms_norm":
+            named = dict(zip(("input", "normalized_shape", "weight", "eps")[:len(args)], args, strict=True), **kwargs)
+            x, shape, weight, eps = (named.get(k) for k in ("input", "normalized_shape", "weight", "eps"))
+            if weight is not None and len(shape) == 1:
+                return _FusedRMSNorm.apply(x, weight, float(eps if eps is not None else 1e-6))
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _saved_storages(parameters: set[int], saved: dict[int, int]):
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage._cdata not in parameters:
+            saved[storage._cdata] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield
+
+
+def step_traffic(cfg, batch: int = 16, seq: int = 1024) -> dict:
+    """One training step of GPT(cfg) on batch x seq tokens, on fake tensors, with the CUDA path's kernels and dtypes:
+    non_matmul_bytes, matmul_bytes, attention_bytes, saved_bytes, kernel_calls, and the largest ops' bytes."""
+    from .model import GPT
+    from .model.fused import cuda_path
+
+    with torch.device("meta"):
+        model = GPT(cfg)
+    counter, saved = OpCounter(), {}
+    with FakeTensorMode(allow_non_fake_inputs=True), cuda_path():
+        model = model.to_empty(device="cpu")
+        parameters = {p.untyped_storage()._cdata for p in model.parameters()}
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+        idx = torch.zeros(batch, seq, dtype=torch.long)
+        with counter:
+            with _FusedNorms(), torch.autocast("cpu", dtype=torch.bfloat16), _saved_storages(parameters, saved):
+                _, loss = model(idx, idx)
+            with _FusedNorms():
+                loss.backward()
+            optimizer.step()
+    biggest = dict(counter.by_op.most_common(12))
+    return {"non_matmul_bytes": counter.bytes["memory"], "matmul_bytes": counter.bytes["matmul"],
+            "attention_bytes": counter.bytes["attention"], "saved_bytes": sum(saved.values()),
+            "kernel_calls": sum(counter.calls.values()), "tokens": batch * seq, "largest_ops": biggest}
