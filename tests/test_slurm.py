@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import assert_two_ranks_trained, logged_steps, mlflow_runs, run_cli
-from tests.test_faults import start, wait_for
+from tests.test_faults import as_a_terminal_job, start, wait_for
 
 SLURM = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
          "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=20"]
@@ -159,7 +159,7 @@ def test_ctrl_c_while_a_job_is_submitted_stops_the_sweep(slurm, ddl_home, tmp_pa
     wrapper.write_text(f"#!/bin/sh\nkill -INT $PPID\nexec {shutil.which('sbatch')} \"$@\"\n")
     wrapper.chmod(0o755)
     sweep = start("ddl-run", "-m", "residual=ddl,baseline", *MICRO, *SLURM, "experiment=interrupted",
-                  env_extra={"PATH": f"{wrapper.parent}:{os.environ['PATH']}"})
+                  env_extra={"PATH": f"{wrapper.parent}:{os.environ['PATH']}"}, preexec_fn=as_a_terminal_job)
     try:
         out, err = sweep.communicate(timeout=300)
     finally:
@@ -175,7 +175,7 @@ def test_ctrl_c_does_not_call_a_job_the_cluster_lost_left_running(slurm, ddl_hom
     """A job cancelled as soon as it is queued, then Ctrl-C before the sweep gives it up by itself: its
     summary row says lost, not `left running on the cluster`."""
     monkeypatch.setenv("DDL_LOST_AFTER_S", "600")
-    sweep = start("ddl-run", "-m", *MICRO, *SLURM, "experiment=stopped")
+    sweep = start("ddl-run", "-m", *MICRO, *SLURM, "experiment=stopped", preexec_fn=as_a_terminal_job)
     wait_for(lambda: _job_ids(ddl_home) or sweep.poll() is not None, timeout=120)
     [job_id] = _job_ids(ddl_home)
     subprocess.run(["scancel", job_id], check=True)

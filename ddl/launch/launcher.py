@@ -212,7 +212,7 @@ class SweepLauncher(BaseSubmititLauncher):
                         elif not self._stop_local_job(handle):
                             outcomes[signature] = Result("left running", f"on the cluster as job {handle.job_id}")
                             del running[signature]
-                while pending and len(running) < limit:
+                while pending and len(running) < limit and not stop.received:   # a Ctrl-C while submitting
                     idx, job = pending.pop(0)
                     with _children_ignore_sigint():
                         running[job.signature] = executor.submit(self, job.overrides, "hydra.sweep.dir", idx,
