@@ -39,9 +39,11 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 def _tuned(*configs: tuple[int, dict], key: list[str]):
     """triton.autotune over these (num_warps, meta-parameters) choices, timed on the GPU at a kernel's first launch for
-    each value of `key`; under the interpreter only the first (its timing means nothing there)."""
+    each value of `key`, the choice kept in Triton's disk cache: later processes (a resumed run, the next job on the
+    node) take the same kernels, so they compute the same numbers, and start without timing. Under the interpreter
+    only the first choice (its timing means nothing there)."""
     choices = [triton.Config(meta, num_warps=warps) for warps, meta in configs]
-    return triton.autotune(configs=choices[:1] if INTERPRETED else choices, key=key)
+    return triton.autotune(configs=choices[:1] if INTERPRETED else choices, key=key, cache_results=True)
 
 
 ROW_CHOICES = [(4, {}), (8, {}), (16, {}), (2, {})]            # a row kernel's warps
