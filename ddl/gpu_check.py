@@ -6,8 +6,8 @@ Parts (--parts, comma-separated; default `step,resume`):
   and 20 timed steps each (CUDA events), the arms alternating in rounds of 5; step time, ratio to the
   baseline, MFU, step memory.
 - resume: a 200-step run of DDL d_v=4 at the small shape (embedded corpus) killed with SIGKILL after a
-  checkpoint and resumed, against the same run uninterrupted (trained beside it): the steps continue from
-  the checkpoint, no loss is NaN, and the curves agree within bf16 noise.
+  checkpoint and resumed, against the same run uninterrupted: the steps continue from the checkpoint, no
+  loss is NaN, and the curves agree within bf16 noise.
 - tests (opt-in): the device-aware tests on CUDA (tests/test_triton_kernels.py, tests/test_model_bf16_compile.py).
 - profile (opt-in): the CUDA kernels of three compiled steps of each arm, by time (profile-<arm>.txt).
 - kernels (opt-in): each Delta op's Triton kernel alone (d_v=4, bf16 state): microseconds, bytes, the rate.
@@ -45,7 +45,10 @@ MFU_TARGET, WALL_TARGET_S = 0.40, 480
 BATCH, SEQ = 16, 1024                                 # 16 x 1024 tokens a step, as the bench
 WARMUP, TIMED, ROUND = 5, 20, 5                       # steps per arm: warm-up, timed, timed per round
 RESUME_STEPS, RESUME_CKPT, RESUME_KILL_AFTER = 200, 100, 120
-RESUME_TOLERANCE = 0.05                               # |loss difference| at a logged step: bf16 noise
+# |loss difference| at a logged step: bf16 noise. Two identical d_v=4 runs on one H100 (2026-11-26) drifted up to 0.045
+# nats apart by step 60 (reductions whose order varies: the embedding's backward, attention's): a broken resume (the
+# schedule or the data restarted) is off by nats.
+RESUME_TOLERANCE = 0.1
 
 
 class Check:
@@ -127,32 +130,32 @@ def logged_losses(home: Path) -> list[tuple[int, float]]:
 
 
 def resume_part(out: Path, size: str, device: str) -> dict:
-    """One run uninterrupted and, beside it on the same device, the same run killed (SIGKILL) once it has logged
-    RESUME_KILL_AFTER steps, then resumed. Judged: the resumed run continues from its last checkpoint to the end (every
-    logged step present), no loss NaN, each logged loss within RESUME_TOLERANCE of the uninterrupted run's."""
+    """One run uninterrupted; the same run killed (SIGKILL) once it has logged RESUME_KILL_AFTER steps, then resumed.
+    Judged: the resumed run continues from its last checkpoint to the end (every logged step present), no loss NaN,
+    each logged loss within RESUME_TOLERANCE of the uninterrupted run's. (One at a time: kernels are timed at a
+    first launch.)"""
     with tempfile.TemporaryDirectory() as scratch:
         whole, broken = Path(scratch, "whole"), Path(scratch, "broken")
         start = time.perf_counter()
-        with open(out / "resume-whole.log", "w") as whole_log, open(out / "resume-killed.log", "w") as killed_log:
-            cmd, env = train_command(whole, size, device)
-            uninterrupted = subprocess.Popen(cmd, env=env, stdout=whole_log, stderr=subprocess.STDOUT)
-            cmd, env = train_command(broken, size, device)
-            process = subprocess.Popen(cmd, env=env, stdout=killed_log, stderr=subprocess.STDOUT)
+        cmd, env = train_command(whole, size, device)
+        with open(out / "resume-whole.log", "w") as log:
+            code = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        if code:
+            return {"ok": False, "error": f"the uninterrupted run exited {code} (resume-whole.log)"}
+        cmd, env = train_command(broken, size, device)
+        with open(out / "resume-killed.log", "w") as log:
+            process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
             try:
                 killed_at = wait_for_step(broken, process, RESUME_KILL_AFTER)
             except RuntimeError as error:
-                uninterrupted.kill()
-                uninterrupted.wait()
                 return {"ok": False, "error": f"{error} (resume-killed.log)"}
             finally:
                 process.send_signal(signal.SIGKILL)
                 process.wait()
-            with open(out / "resume-resumed.log", "w") as log:
-                resumed = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-            code = uninterrupted.wait()
-        if code or resumed:
-            return {"ok": False, "error": f"the uninterrupted run exited {code}, the resumed one {resumed} "
-                                          "(resume-whole.log, resume-resumed.log)"}
+        with open(out / "resume-resumed.log", "w") as log:
+            code = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        if code:
+            return {"ok": False, "error": f"the resumed run exited {code} (resume-resumed.log)"}
         return compare_curves(logged_losses(whole), logged_losses(broken), killed_at, time.perf_counter() - start)
 
 
