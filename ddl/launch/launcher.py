@@ -74,6 +74,8 @@ class SweepLauncher(BaseSubmititLauncher):
         its ranks' micro-batches, or (with GPUs) its estimated memory exceeds a GPU's (gpu_memory_gib). Each names
         the micro-batches that would do."""
         from .estimate import job_cost, with_micro_batch
+        if self.gpu_memory_gib is not None and not self.gpu_memory_gib > 0:
+            raise ConfigError(f"hydra.launcher.gpu_memory_gib={self.gpu_memory_gib:g}: must be a number of GiB > 0")
         world = (self.params.get("nodes") or 1) * (self.params.get("tasks_per_node") or 1)
         gpus = self.params.get("gpus_per_node") or 0
         for job in jobs:
