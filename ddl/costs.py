@@ -1,10 +1,29 @@
-"""What training costs in FLOPs and GPU-hours: the dry run's estimates and the bench's MFU."""
+"""What training costs: FLOPs, GPU-hours and memory per GPU (the dry run's estimates), and the bench's MFU.
+
+A GPU job's time per token is the baseline's, 6 N FLOPs at the MFU `make gpu-check` measured (RECORDED_GPU), times
+its arm's step ratio to the baseline: the one gpu-check measured for the arm's d_v (1 or 4) where there is one, plus
+the traffic the arm moves beyond that measured arm (ddl.traffic, counted per token, layer and feature in
+traffic_table.json) at the measured copy rate; else 1 plus its whole extra traffic at that rate. Its memory per GPU
+is the weights, gradients and AdamW's moments (16 bytes a parameter) plus the activations autograd saves (the same
+table) times the measured ratio of a step's peak to them. No torch here: the dry run stays fast.
+"""
 
 from __future__ import annotations
 
+import functools
+import json
+from pathlib import Path
+
 # Dense bf16 peak FLOP/s of the GPUs the project plans for.
 BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
-ASSUMED_MFU = 0.40   # the dry run's GPU-hours assume this share of the bf16 peak
+# What `make gpu-check` measured (docs/performance.md): the baseline's MFU at the paper's small size compiled per
+# block, a device copy's rate (bytes read + written), and a step's peak memory over the activations it saves.
+RECORDED_GPU = dict(card="H100", date="2026-11-26", baseline_mfu=0.298, copy_bytes_per_s=2.9e12,
+                    peak_over_saved=1.31,
+                    step_ratios={"ddl dv=1 conv=none mapping=k n_h=1 beta=linear": 1.458,
+                                 "ddl dv=4 conv=none mapping=k n_h=1 beta=linear": 1.926})
+BYTES_PER_PARAM = 16          # fp32 weights and gradients, AdamW's two moments
+TRAFFIC_TABLE = Path(__file__).with_name("traffic_table.json")
 
 
 def training_flops(n_params: int, tokens: int) -> float:
@@ -12,6 +31,63 @@ def training_flops(n_params: int, tokens: int) -> float:
     return 6.0 * n_params * tokens
 
 
-def gpu_hours(n_params: int, tokens: int, gpu: str = "H100") -> float:
-    """Hours of one GPU at ASSUMED_MFU of its bf16 peak."""
-    return training_flops(n_params, tokens) / (BF16_PEAK_FLOPS[gpu] * ASSUMED_MFU) / 3600
+def arm_key(model) -> str:
+    """What sets a model's traffic per layer and feature beside its size: its residual and Delta variant."""
+    if model.residual == "baseline":
+        return "baseline"
+    return f"ddl dv={model.dv} conv={model.conv} mapping={model.mapping} n_h={model.n_h} beta={model.beta_estimator}"
+
+
+@functools.cache
+def traffic_table() -> dict:
+    return json.loads(TRAFFIC_TABLE.read_text())
+
+
+def traffic(model) -> tuple[str, dict]:
+    """(the arm the table prices the model as, its entry): its own, else the plain variant of the nearest d_v."""
+    arms = traffic_table()["arms"]
+    key = arm_key(model)
+    if key in arms:
+        return key, arms[key]
+    plain = {int(k.split()[1][3:]): k for k in arms if k.startswith("ddl ") and k.endswith("conv=none mapping=k n_h=1 "
+                                                                                             "beta=linear")}
+    nearest = plain[min(plain, key=lambda dv: abs(dv - model.dv))]
+    return nearest, arms[nearest]
+
+
+def measured_arm(model) -> str | None:
+    """The arm of the model's d_v whose step ratio gpu-check measured, if any."""
+    return next((key for key in RECORDED_GPU["step_ratios"] if model.residual == "ddl"
+                 and key.startswith(f"ddl dv={model.dv} ")), None)
+
+
+def gpu_seconds_per_token(model, n_params: int, gpu: str = "H100") -> float:
+    """One GPU's seconds a token: the baseline's at the recorded MFU times the arm's step ratio (module docstring)."""
+    _, arm = traffic(model)
+    baseline = 6.0 * n_params / (BF16_PEAK_FLOPS[gpu] * RECORDED_GPU["baseline_mfu"])
+    ratio, extra = 1.0, arm["extra_bytes"]
+    if measured_arm(model):
+        ratio = RECORDED_GPU["step_ratios"][measured_arm(model)]
+        extra -= traffic_table()["arms"][measured_arm(model)]["extra_bytes"]
+    return ratio * baseline + extra * model.n_layer * model.d_model / RECORDED_GPU["copy_bytes_per_s"]
+
+
+def gpu_hours(model, n_params: int, tokens: int, gpu: str = "H100") -> float:
+    """GPU-hours to train on `tokens` tokens (all GPUs together: a job's wall time times its GPUs)."""
+    return gpu_seconds_per_token(model, n_params, gpu) * tokens / 3600
+
+
+def memory_per_gpu(model, n_params: int, tokens_per_micro_batch: int, checkpointing: bool = False) -> float:
+    """Bytes one GPU holds at a step's peak: the parameters' state, and the activations saved for backward over a
+    micro-batch times the recorded peak ratio. Checkpointing per block keeps each block's input (the state, in bf16
+    with d_v > 1) and one block's activations at a time."""
+    table = traffic_table()
+    _, arm = traffic(model)
+    per_layer = table["baseline_saved_per_layer_feature"] + arm["extra_saved"]        # bytes / token / feature
+    vocab = table["baseline_saved_per_vocab"] * model.vocab_size
+    if checkpointing:
+        state = 2 * model.dv if model.residual == "ddl" and model.dv > 1 else 4
+        saved = (model.n_layer * state + per_layer) * model.d_model + vocab
+    else:
+        saved = per_layer * model.n_layer * model.d_model + vocab
+    return BYTES_PER_PARAM * n_params + RECORDED_GPU["peak_over_saved"] * saved * tokens_per_micro_batch

@@ -44,8 +44,11 @@ TARGETS = {"ddl_dv1": 1.05, "ddl_dv4": 1.10}          # compiled step ratio to t
 MFU_TARGET, WALL_TARGET_S = 0.40, 480
 BATCH, SEQ = 16, 1024                                 # 16 x 1024 tokens a step, as the bench
 WARMUP, TIMED, ROUND = 5, 20, 5                       # steps per arm: warm-up, timed, timed per round
-RESUME_STEPS, RESUME_CKPT, RESUME_KILL_AFTER = 200, 50, 120
-RESUME_TOLERANCE = 0.05                               # |loss difference| at a logged step: bf16 noise
+RESUME_STEPS, RESUME_CKPT, RESUME_KILL_AFTER = 200, 100, 120
+# |loss difference| at a logged step: bf16 noise. Two identical d_v=4 runs on one H100 (2026-11-26) drifted up to 0.045
+# nats apart by step 60 (reductions whose order varies: the embedding's backward, attention's): a broken resume (the
+# schedule or the data restarted) is off by nats.
+RESUME_TOLERANCE = 0.1
 
 
 class Check:
@@ -95,6 +98,10 @@ def targets(rows: dict) -> dict:
         error = row["gradient_error"]
         judged[f"{arm} compiled gradients"] = {"value": error, "target": "<= 0.05 (relative L2 to eager)",
                                                "met": error is not None and error <= 0.05}
+        if row.get("loops_error") is not None:
+            judged[f"{arm} Triton kernels' gradients"] = {"value": row["loops_error"],
+                                                          "target": "<= 0.05 (relative L2 to the PyTorch-op loops)",
+                                                          "met": row["loops_error"] <= 0.05}
     return judged
 
 
@@ -123,29 +130,33 @@ def logged_losses(home: Path) -> list[tuple[int, float]]:
 
 
 def resume_part(out: Path, size: str, device: str) -> dict:
-    """One run uninterrupted; the same run killed (SIGKILL) once it has logged RESUME_KILL_AFTER steps, then
-    resumed. Judged: the resumed run continues from its last checkpoint to the end (every logged step
-    present), no loss NaN, each logged loss within RESUME_TOLERANCE of the uninterrupted run's."""
+    """One run uninterrupted; the same run killed (SIGKILL) once it has logged RESUME_KILL_AFTER steps, then resumed.
+    Judged: the resumed run continues from its last checkpoint to the end (every logged step present), no loss NaN,
+    each logged loss within RESUME_TOLERANCE of the uninterrupted run's. (One at a time: kernels are timed at a
+    first launch.)"""
     with tempfile.TemporaryDirectory() as scratch:
         whole, broken = Path(scratch, "whole"), Path(scratch, "broken")
-        cmd, env = train_command(whole, size, device)
         start = time.perf_counter()
+        cmd, env = train_command(whole, size, device)
         with open(out / "resume-whole.log", "w") as log:
             code = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-        whole_s = time.perf_counter() - start
         if code:
             return {"ok": False, "error": f"the uninterrupted run exited {code} (resume-whole.log)"}
         cmd, env = train_command(broken, size, device)
         with open(out / "resume-killed.log", "w") as log:
             process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-            killed_at = wait_for_step(broken, process, RESUME_KILL_AFTER)
-            process.send_signal(signal.SIGKILL)
-            process.wait()
+            try:
+                killed_at = wait_for_step(broken, process, RESUME_KILL_AFTER)
+            except RuntimeError as error:
+                return {"ok": False, "error": f"{error} (resume-killed.log)"}
+            finally:
+                process.send_signal(signal.SIGKILL)
+                process.wait()
         with open(out / "resume-resumed.log", "w") as log:
             code = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
         if code:
             return {"ok": False, "error": f"the resumed run exited {code} (resume-resumed.log)"}
-        return compare_curves(logged_losses(whole), logged_losses(broken), killed_at, whole_s)
+        return compare_curves(logged_losses(whole), logged_losses(broken), killed_at, time.perf_counter() - start)
 
 
 def wait_for_step(home: Path, process: subprocess.Popen, step: int, timeout_s: float = 600) -> int:
@@ -160,7 +171,7 @@ def wait_for_step(home: Path, process: subprocess.Popen, step: int, timeout_s: f
 
 
 def compare_curves(whole: list[tuple[int, float]], broken: list[tuple[int, float]], killed_at: int,
-                   whole_s: float) -> dict:
+                   seconds: float) -> dict:
     """The killed-and-resumed curve against the uninterrupted one. A resumed run logs again the steps between
     its checkpoint and the kill: its curve is each step's last value."""
     resumed = dict(broken)
@@ -173,7 +184,7 @@ def compare_curves(whole: list[tuple[int, float]], broken: list[tuple[int, float
             "resumed_from": (killed_at // RESUME_CKPT) * RESUME_CKPT, "steps_logged": len(resumed),
             "continuous": continuous, "finite": finite, "largest_loss_difference": largest,
             "final_loss": {"uninterrupted": whole[-1][1], "resumed": resumed.get(whole[-1][0])},
-            "tolerance": RESUME_TOLERANCE, "uninterrupted_run_s": whole_s}
+            "tolerance": RESUME_TOLERANCE, "seconds": seconds}
 
 
 def tests_part(out: Path) -> dict:

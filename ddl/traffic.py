@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+from pathlib import Path
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -160,3 +161,59 @@ def step_traffic(cfg, batch: int = 16, seq: int = 1024) -> dict:
     return {"non_matmul_bytes": counter.bytes["memory"], "matmul_bytes": counter.bytes["matmul"],
             "attention_bytes": counter.bytes["attention"], "saved_bytes": sum(saved.values()),
             "kernel_calls": sum(counter.calls.values()), "tokens": batch * seq, "largest_ops": biggest}
+
+
+# ---- the table the dry run prices jobs from (ddl/costs.py reads it without importing torch) ----
+
+TABLE_SIZE = "small"
+TABLE_ARMS = {                  # every arm the sweeps name, at d_v in 1, 2, 4, 8 and each variant at d_v = 4
+    "baseline": {},
+    **{f"ddl_dv{dv}": dict(residual="ddl", dv=dv) for dv in (1, 2, 4, 8)},
+    **{f"ddl_dv4_{conv}": dict(residual="ddl", dv=4, conv=conv) for conv in ("cc", "ec", "cc_ec")},
+    "ddl_dv1_vmap": dict(residual="ddl", dv=1, mapping="v"), "ddl_dv4_vmap": dict(residual="ddl", dv=4, mapping="v"),
+    "ddl_dv4_mlp_gate": dict(residual="ddl", dv=4, beta_estimator="mlp"),
+    "ddl_dv1_nh2": dict(residual="ddl", dv=1, n_h=2), "ddl_dv4_nh2": dict(residual="ddl", dv=4, n_h=2),
+}
+
+
+def coefficients() -> dict:
+    """Per arm (arm_key): the step's extra non-matmul bytes and extra saved bytes over the baseline's, per token, layer
+    and feature, at TABLE_SIZE; and the baseline's saved bytes per token, as saved_per_layer_feature * layers * d +
+    saved_per_vocab * vocab (from the size and the same size at 2 layers)."""
+    from .costs import arm_key
+    from .model import SIZES, ModelConfig
+
+    shape = {**SIZES[TABLE_SIZE], "vocab_size": ModelConfig.vocab_size}
+    tokens, layer_features = 16 * 1024, shape["n_layer"] * shape["d_model"]
+    counted = {name: step_traffic(ModelConfig(**shape, **arm)) for name, arm in TABLE_ARMS.items()}
+    two_layers = step_traffic(ModelConfig(**{**shape, "n_layer": 2}))
+    base = counted["baseline"]
+    per_layer_feature = (base["saved_bytes"] - two_layers["saved_bytes"]) / tokens / ((shape["n_layer"] - 2)
+                                                                                      * shape["d_model"])
+    per_vocab = (base["saved_bytes"] / tokens - per_layer_feature * layer_features) / shape["vocab_size"]
+    arms = {arm_key(ModelConfig(**shape, **TABLE_ARMS[name])): {
+        "extra_bytes": (row["non_matmul_bytes"] - base["non_matmul_bytes"]) / tokens / layer_features,
+        "extra_saved": (row["saved_bytes"] - base["saved_bytes"]) / tokens / layer_features}
+        for name, row in counted.items()}
+    return {"size": TABLE_SIZE, "torch": torch.__version__, "baseline_saved_per_layer_feature": per_layer_feature,
+            "baseline_saved_per_vocab": per_vocab, "arms": arms}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+
+    from . import paths
+    parser = argparse.ArgumentParser(prog="python -m ddl.traffic", description="Writes the table of each arm's memory "
+                                     "traffic per token, layer and feature that the dry run prices GPU jobs from.")
+    from .costs import TRAFFIC_TABLE
+    parser.add_argument("--out", type=Path, default=TRAFFIC_TABLE, help=f"default {TRAFFIC_TABLE}")
+    args = parser.parse_args(argv)
+    paths.write_atomic(args.out, json.dumps(coefficients(), indent=1, sort_keys=True) + "\n")
+    print(f"written: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())

@@ -35,7 +35,7 @@ CURVE = [(step, 5.0 - step / 100) for step in range(10, 201, 10)]
 
 def test_a_resumed_curve_is_judged_continuous_finite_and_close():
     relogged = CURVE[:13] + [(step, loss + 0.01) for step, loss in CURVE[10:]]   # killed at 130, resumed from 100
-    judged = gpu_check.compare_curves(CURVE, relogged, killed_at=130, whole_s=1.0)
+    judged = gpu_check.compare_curves(CURVE, relogged, killed_at=130, seconds=1.0)
     assert judged["ok"] and judged["continuous"] and judged["resumed_from"] == 100
     assert judged["largest_loss_difference"] == pytest.approx(0.01)
     gap = CURVE[:10] + CURVE[11:]                                                # step 110 never logged

@@ -252,3 +252,15 @@ def test_a_compiled_run_validates_and_reads_its_state_ranks(tmp_path, data_root)
     result = train(run, tmp_path / "run", recorder, run.signature(), data_root=data_root)
     assert result.steps == 4 and math.isfinite(result.final["val/loss"])
     assert any("erank/L01" in metrics for _, metrics in recorder.rows)
+
+
+def test_activation_checkpointing_trains_the_same_numbers(tmp_path, data_root):
+    """train.activation_checkpointing recomputes each block in backward: the same losses, and the same signature."""
+    curves = []
+    for checkpointing in (False, True):
+        run = micro_run(steps=4, activation_checkpointing=checkpointing)
+        recorder = Recorder()
+        train(run, tmp_path / str(checkpointing), recorder, run.signature(), data_root=data_root)
+        curves.append((run.signature(), recorder.losses()))
+    assert curves[0][0] == curves[1][0]
+    assert curves[0][1] == pytest.approx(curves[1][1], rel=1e-6)

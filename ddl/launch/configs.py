@@ -75,8 +75,9 @@ def register() -> None:
 def launcher_schemas() -> dict[str, type]:
     """hydra-submitit-launcher's queue configs with ddl's launcher as target and the fields ddl adds:
     max_parallel (how many jobs run at once; null: CPUs // cpus_per_task locally, all on SLURM) and,
-    on SLURM, srun_args (submitit's, for srun). conf/hydra/launcher/{local,slurm}.yaml extend these
-    and set only what ddl changes."""
+    on SLURM, srun_args (submitit's, for srun) and gpu_memory_gib (each GPU's memory, against which the plan
+    checks a job's estimate). conf/hydra/launcher/{local,slurm}.yaml extend these and set only what ddl
+    changes."""
     from dataclasses import field, make_dataclass
     from typing import List, Optional
 
@@ -88,4 +89,5 @@ def launcher_schemas() -> dict[str, type]:
         return make_dataclass(f"DDL{base.__name__}", fields, bases=(base,))
     return {"ddl_local_base": extend(LocalQueueConf, "LocalSweepLauncher"),
             "ddl_slurm_base": extend(SlurmQueueConf, "SlurmSweepLauncher",
-                                     ("srun_args", Optional[List[str]], field(default=None)))}
+                                     ("srun_args", Optional[List[str]], field(default=None)),
+                                     ("gpu_memory_gib", float, field(default=80.0)))}

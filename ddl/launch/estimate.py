@@ -1,16 +1,17 @@
-"""What the dry run says a job costs: GPU-hours on an H100, and core-seconds where it trains on CPU.
+"""What the dry run says a job costs: GPU-hours on an H100 and memory per GPU, and core-seconds where it trains on CPU.
 
-GPU: 6·N·D FLOPs at ddl.costs.ASSUMED_MFU of an H100's bf16 peak. CPU: the same FLOPs at a throughput
-measured on this project's reference CPU (below), plus the job's fixed costs; a sweep's wall
-time is its jobs scheduled longest first on the launcher's parallel slots.
+GPU: ddl.costs (the baseline's measured MFU plus the arm's counted memory traffic; the activations it saves). CPU:
+6·N·D FLOPs at a throughput measured on this project's reference CPU (below), plus the job's fixed costs; a sweep's
+wall time is its jobs scheduled longest first on the launcher's parallel slots.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass
 
-from ..costs import gpu_hours, training_flops
+from ..costs import gpu_hours, memory_per_gpu, training_flops
 from ..model.config import param_count
 
 # Measured on the 2-vCPU AMD EPYC VM the project runs on (torch 2.13.0+cpu), at one thread, while
@@ -31,6 +32,7 @@ class Cost:
     params: int
     tokens: int
     gpu_hours: float                   # on an H100
+    gpu_memory: float                  # bytes per GPU at a step's peak
     cpu_seconds: float | None = None   # jobs that train on CPU: core-seconds
 
 
@@ -42,14 +44,22 @@ def job_cost(job, gpus: int) -> Cost:
     """The job's cost with `gpus` GPUs per job (0: it trains on CPU, as the local launcher's jobs do)."""
     run = job.run
     n_params, tokens = param_count(run.model), run.train.steps * run.train.batch_tokens
-    on_gpu = gpu_hours(n_params, tokens)
+    on_gpu = gpu_hours(run.model, n_params, tokens)
+    memory = memory_per_gpu(run.model, n_params, run.train.micro_batch * run.train.seq_len,
+                            run.train.activation_checkpointing)
     if gpus and run.train.device != "cpu":
-        return Cost(n_params, tokens, on_gpu)
+        return Cost(n_params, tokens, on_gpu, memory)
     validations = run.train.steps // run.train.eval_every + 1
     flops = training_flops(n_params, tokens) + training_flops(n_params, validations * run.train.eval_tokens) / 3
     seconds = flops / CPU_TRAIN_FLOPS * CPU_ARM_FACTOR[_arm(run.model)]   # a forward pass is a third of a step
     fixed = CPU_JOB_SECONDS + CPU_EVAL_SECONDS * len(job.evaluation.evaluations())
-    return Cost(n_params, tokens, on_gpu, seconds + fixed)
+    return Cost(n_params, tokens, on_gpu, memory, seconds + fixed)
+
+
+def with_micro_batch(job, micro_batch: int):
+    """The job as it would be with another micro-batch (for the plan's what-if; its signature is not recomputed)."""
+    train = dataclasses.replace(job.run.train, micro_batch=micro_batch)
+    return dataclasses.replace(job, run=dataclasses.replace(job.run, train=train))
 
 
 def wall_seconds(core_seconds: list[float], slots: int, threads: int) -> float:

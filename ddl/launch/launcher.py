@@ -59,15 +59,41 @@ class SweepInterrupted(RuntimeError):
 
 
 class SweepLauncher(BaseSubmititLauncher):
-    def __init__(self, max_parallel: int | None = None, **params: Any) -> None:
+    def __init__(self, max_parallel: int | None = None, gpu_memory_gib: float | None = None, **params: Any) -> None:
         super().__init__(**params)
-        self.max_parallel = max_parallel
+        self.max_parallel, self.gpu_memory_gib = max_parallel, gpu_memory_gib
 
     # -- planning ---------------------------------------------------------------------------
     def plan(self, job_overrides: Sequence[Sequence[str]]) -> Plan:
         """Each override set's config as Hydra composes it (ddl.launch.compose); the plan is ddl.launch.plan's."""
         configs = JobConfigs(self.hydra_context.config_loader, self.config)
         return make_plan((list(filter_overrides(overrides)), configs(list(overrides))) for overrides in job_overrides)
+
+    def check_fit(self, jobs: list[Job]) -> None:
+        """One line refusing the first job the launcher could not start: its step's tokens do not split evenly over
+        its ranks' micro-batches, or (with GPUs) its estimated memory exceeds a GPU's (gpu_memory_gib). Each names
+        the micro-batches that would do."""
+        from .estimate import job_cost, with_micro_batch
+        if self.gpu_memory_gib is not None and not self.gpu_memory_gib > 0:
+            raise ConfigError(f"hydra.launcher.gpu_memory_gib={self.gpu_memory_gib:g}: must be a number of GiB > 0")
+        world = (self.params.get("nodes") or 1) * (self.params.get("tasks_per_node") or 1)
+        gpus = self.params.get("gpus_per_node") or 0
+        for job in jobs:
+            train = job.run.train
+            divide = [m for m in range(train.micro_batch, 0, -1)
+                      if not train.batch_tokens % (m * train.seq_len * world)]
+            if train.micro_batch not in divide:
+                raise ConfigError(f"train.micro_batch={train.micro_batch}: {train.batch_tokens:,} tokens a step do not "
+                                  f"split over {world} ranks x micro_batch x {train.seq_len}; micro-batches that "
+                                  f"divide: {', '.join(map(str, divide)) or 'none'}  [job {job.name}]")
+            cost, limit = job_cost(job, gpus), (self.gpu_memory_gib or float("inf")) * 2 ** 30
+            if gpus and cost.cpu_seconds is None and cost.gpu_memory > limit:
+                fitting = [m for m in divide if job_cost(with_micro_batch(job, m), gpus).gpu_memory <= limit]
+                raise ConfigError(f"train.micro_batch={train.micro_batch}: job {job.name} needs ~"
+                                  f"{cost.gpu_memory / 2 ** 30:.0f} GiB per GPU (hydra.launcher.gpu_memory_gib="
+                                  f"{self.gpu_memory_gib:g}): micro-batches that fit: "
+                                  f"{', '.join(map(str, fitting[:3])) or 'none'}, or "
+                                  f"train.activation_checkpointing=true")
 
     # -- submission -------------------------------------------------------------------------
     def executor(self):
@@ -98,6 +124,7 @@ class SweepLauncher(BaseSubmititLauncher):
             progress_seconds()                       # a bad DDL_PROGRESS_S or DDL_LOST_AFTER_S is one line,
             cluster.lost_after_seconds()             # before anything runs
             plan = self.plan(job_overrides)
+            self.check_fit(plan.jobs)
             print(plan.headline())
             if self.config.dry_run:
                 job_table(plan.jobs, self.params.get("gpus_per_node") or 0, self.bound(len(plan.jobs)),

@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import paths
-from ..costs import ASSUMED_MFU, BF16_PEAK_FLOPS
+from ..costs import RECORDED_GPU
 from ..text import plural
 from . import status
 from .configs import env_seconds
@@ -124,8 +124,13 @@ def _cost_caption(costs, to_run: list[bool], slots: int, threads: int) -> str:
     cpu = [c.cpu_seconds for c, run in zip(costs, to_run, strict=True) if c.cpu_seconds is not None and run]
     caption = []
     if any(c.cpu_seconds is None for c in costs):
-        caption.append(f"* 6·N·tokens FLOPs at {ASSUMED_MFU:.0%} of an H100's bf16 peak "
-                       f"({BF16_PEAK_FLOPS['H100'] / 1e12:.0f} TFLOP/s); to run: {sum(gpu):.3g} GPU-h.")
+        g = RECORDED_GPU
+        caption.append(f"* the baseline's 6·N FLOPs a token at the MFU `make gpu-check` measured "
+                       f"({g['baseline_mfu']:.1%}, {g['card']}, {g['date']}), times the step ratio it measured for "
+                       f"d_v=1 and d_v=4 ({', '.join(f'{r:.2f}' for r in g['step_ratios'].values())}), other "
+                       f"variants adding the memory traffic they move beyond those (ddl.traffic, counted) at "
+                       f"{g['copy_bytes_per_s'] / 1e12:.1f} TB/s; to run: {sum(gpu):.3g} GPU-h. GiB/GPU: weights "
+                       f"and AdamW state, and the activations a micro-batch saves.")
     if any(c.cpu_seconds is not None for c in costs):
         wall = wall_seconds(cpu, slots, threads) if cpu else 0.0
         caption.append(f"† training on CPU: 6·N·tokens FLOPs at {CPU_TRAIN_FLOPS / 1e9:.2g} GFLOP/s per core, "
@@ -161,12 +166,13 @@ def job_table(jobs, gpus: int, slots: int, threads: int) -> _Printable:
     shared, own = _overrides(jobs)
     gpu, cpu = any(c.cpu_seconds is None for c in costs), any(c.cpu_seconds is not None for c in costs)
     columns = [Column("job"), Column("status"), Column("overrides", 4), Column("params", 5, True),
-               Column("tokens", 3, True), Column("GPU-h*", 0, True), Column("CPU core-min†", 0, True),
-               Column("signature", 6)]
-    shown = [True, True, any(own), True, True, gpu, cpu, True]
+               Column("tokens", 3, True), Column("GPU-h*", 0, True), Column("GiB/GPU*", 0, True),
+               Column("CPU core-min†", 0, True), Column("signature", 6)]
+    shown = [True, True, any(own), True, True, gpu, gpu, cpu, True]
     rows = [[job.name, Text(done[job.signature], "cyan") if job.signature in done else "to run", others,
              f"{cost.params / 1e6:.2f}M", f"{cost.tokens:.3g}",
              f"{cost.gpu_hours:.3g}" if cost.cpu_seconds is None else "",
+             f"{cost.gpu_memory / 2 ** 30:.0f}" if cost.cpu_seconds is None else "",
              "" if cost.cpu_seconds is None else f"{cost.cpu_seconds / 60:.1f}", job.signature]
             for job, cost, others in zip(jobs, costs, own, strict=True)]
     to_run = [job.signature not in done for job in jobs]

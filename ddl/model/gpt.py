@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.utils.checkpoint
 import torch.nn.functional as F
 from torch import nn
 
@@ -164,6 +165,7 @@ class GPT(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.logit_multiplier = logit_multiplier(cfg)   # µP's readout: the tied embedding's logits / m
         self.kept: list | None = None                   # each block's state, while state_ranks() asks for them
+        self.checkpoint_blocks = False                  # recompute each block's activations in backward
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -213,16 +215,23 @@ class GPT(nn.Module):
         if self.cfg.residual == "ddl":
             X, x_in = self.initial_state(x)
             readers = [block.compress for block in self.blocks[1:]] + [self.readout]
-            last = len(self.blocks) - 1
             for i, (block, reader) in enumerate(zip(self.blocks, readers, strict=True)):
-                X, x_in = block(X, cos, sin, x_in, reader, store_state=i < last or self.kept is not None)
+                store = i + 1 < len(self.blocks) or self.kept is not None
+                X, x_in = self.run_block(block, X, cos, sin, x_in, reader, store_state=store)
                 if self.kept is not None:
                     self.kept.append(X)
             x = X.squeeze(-2) if self.readout is None else x_in                  # (B,T,d)
         else:
             for block in self.blocks:
-                x = block(x, cos, sin)
+                x = self.run_block(block, x, cos, sin)
         return self.head(x, targets)
+
+    def run_block(self, block: nn.Module, *args, **kwargs):
+        """block(*args, **kwargs), its activations recomputed in backward under checkpoint_blocks (what
+        train.activation_checkpointing sets: memory for time, the same numbers)."""
+        if self.checkpoint_blocks and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(block, *args, use_reentrant=False, **kwargs)
+        return block(*args, **kwargs)
 
     def initial_state(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """X0 (B,T,dv,d) in the state's dtype from the embedding x (B,T,d), and block 0's read of it from x (d_v > 1;

@@ -38,8 +38,10 @@ def check_model_numbers(model: ModelConfig) -> None:
         fail("read_init", model.read_init, "must be null (1/d_v) or a finite number")
 
 
-# When a run logs, validates and checkpoints: none of it changes the weights it learns.
-BOOKKEEPING = ("log_every", "eval_every", "ckpt_every", "keep_checkpoints", "checkpoint_artifact")
+# When a run logs, validates and checkpoints, and whether it recomputes activations: none of it changes the weights
+# it learns.
+BOOKKEEPING = ("log_every", "eval_every", "ckpt_every", "keep_checkpoints", "checkpoint_artifact",
+               "activation_checkpointing")
 # Which checkpoints a run uploads to its MLflow run (one artifact, replaced): every one, the last, or none.
 CHECKPOINT_ARTIFACTS = ("latest", "final", "none")
 
@@ -63,6 +65,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     log_every: int = 10
     compile: bool = False
+    activation_checkpointing: bool = False   # recompute each block's activations in backward: memory for time
     device: str = "auto"              # auto | cpu | cuda
     checkpoint_artifact: str = "latest"   # CHECKPOINT_ARTIFACTS: what travels with the run to its store
     tokens_per_param: float | None = None   # c: train on c * N tokens (sets steps); null: `steps` does
@@ -87,8 +90,9 @@ class TrainConfig:
                 _fail(key, value, f"must be a number in {'(' if low_open else '['}{low:g}, {high:g}]")
         if self.eval_tokens < self.seq_len:
             _fail("eval_tokens", self.eval_tokens, f"must be >= seq_len={self.seq_len} (one validation window)")
-        if not isinstance(self.compile, bool):
-            _fail("compile", self.compile, "must be true or false")
+        for key in ("compile", "activation_checkpointing"):
+            if not isinstance(getattr(self, key), bool):
+                _fail(key, getattr(self, key), "must be true or false")
         if self.device not in ("auto", "cpu", "cuda"):
             _fail("device", self.device, "must be one of auto, cpu, cuda")
         if self.checkpoint_artifact not in CHECKPOINT_ARTIFACTS:

@@ -128,9 +128,17 @@ class Trainer:
         self.step, self.resumed_from = 0, None
         self.stop_early = None   # (step, val/loss) -> a reason to stop here, or None: a search's pruner, on rank 0
         self.last_checkpoint = self.resume()
+        self.unchecked = None    # the last step whose loss was not yet seen finite: (state before it, loss, flag)
+        if self.device.type == "cuda":
+            self.flag, self.flag_ready = torch.zeros((), dtype=torch.bool).pin_memory(), torch.cuda.Event()
+        self.logged = (self.step, time.time())
+        self.model.checkpoint_blocks = self.cfg.activation_checkpointing
         if self.cfg.compile:                          # per block, before DDP wraps the model
             self.model.compile_blocks()
-        self.ddp = DistributedDataParallel(self.model) if self.info.world_size > 1 else None
+        self.ddp = None
+        if self.info.world_size > 1:   # gradients in the buckets' memory; buffers (RoPE's tables) never change
+            self.ddp = DistributedDataParallel(self.model, gradient_as_bucket_view=True, broadcast_buffers=False,
+                                               static_graph=self.accum == 1)   # the same graph each step, no no_sync
         self.forward = self.ddp or self.model
         self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda")
 
@@ -193,6 +201,8 @@ class Trainer:
     def save(self, at_step: int, loader_state: dict) -> Path | None:
         """Rank 0: the metrics logged so far reach their store, then the checkpoint is written, so a run
         killed at any moment and resumed from it neither loses nor repeats a logged step."""
+        if at_step == self.step:
+            self.stop_if_nonfinite()                               # never a checkpoint past an unchecked step
         if not self.info.is_main:
             return None
         self.logger.flush()
@@ -202,35 +212,60 @@ class Trainer:
         return path
 
     # -- one step, validation -----------------------------------------------------------------
-    def train_step(self) -> dict[str, float]:
-        """One optimizer step over `accum` micro-batches; NonFiniteLoss (after saving the last good
-        state) when the loss is not finite."""
-        loader_state, t0 = self.loader.state_dict(), time.time()
+    def train_step(self) -> dict[str, torch.Tensor | float]:
+        """One optimizer step over `accum` micro-batches; its loss and gradient norm stay on the device. A non-finite
+        loss stops the run with NonFiniteLoss, after saving the last good state. On CUDA nothing waits on the GPU for
+        it: the fused optimizer skips a non-finite step's update on the device (its found_inf), and the step's flag,
+        copied to the host as it goes, is read at the next step, when the GPU has work queued behind it. On CPU the
+        loss is checked at once (no queue to keep full)."""
+        before = (self.step, self.loader.state_dict(), self.scheduler.state_dict())
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(self.accum):
             x, y = self.loader.next_batch()
             sync = self.ddp is None or micro == self.accum - 1
             with (contextlib.nullcontext() if sync else self.ddp.no_sync()), self.autocast:
-                _, loss = self.forward(x.to(self.device), y.to(self.device))
+                _, loss = self.forward(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
                 (loss / self.accum).backward()
             loss_sum += loss.detach()
-        train_loss = all_reduce_mean(loss_sum / self.accum, self.info).item()
-        if not math.isfinite(train_loss):
-            self.optimizer.zero_grad(set_to_none=True)
-            if all(torch.isfinite(p).all() for p in self.model.parameters()):
-                where = f"last good state (step {self.step}) saved at {self.save(self.step, loader_state)}"
-            else:
-                where = f"parameters are non-finite; last checkpoint: {checkpoint.latest(self.run_dir)}"
-            raise NonFiniteLoss(f"train loss is {train_loss} at step {self.step + 1}; {where}")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip).item()
+        train_loss = all_reduce_mean(loss_sum / self.accum, self.info)
+        nonfinite = ~torch.isfinite(train_loss)
+        self.stop_if_nonfinite()                                   # the previous step's flag
+        self.unchecked = (before, train_loss, nonfinite)
+        if self.device.type != "cuda":
+            self.stop_if_nonfinite()                               # this step's, before its update
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         lr = lr_at(self.step, self.cfg)
+        if self.device.type == "cuda":
+            self.optimizer.found_inf = nonfinite.float()           # a non-finite step updates nothing
+            self.flag.copy_(nonfinite, non_blocking=True)
+            self.flag_ready.record()
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return {"train/loss": train_loss, "train/lr": lr, "train/grad_norm": grad_norm,
-                "train/tokens_per_s": self.cfg.batch_tokens / max(time.time() - t0, 1e-9)}
+        return {"train/loss": train_loss, "train/lr": lr, "train/grad_norm": grad_norm}
 
+    def stop_if_nonfinite(self) -> None:
+        """NonFiniteLoss, after saving the state before the unchecked step, if that step's loss was not finite."""
+        if self.unchecked is None:
+            return
+        (step, loader_state, scheduler_state), loss, nonfinite = self.unchecked
+        if self.device.type == "cuda":
+            self.flag_ready.synchronize()
+            bad = bool(self.flag)
+        else:
+            bad = bool(nonfinite)
+        self.unchecked = None
+        if not bad:
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        if all(torch.isfinite(p).all() for p in self.model.parameters()):
+            self.step = step                                        # its update was skipped: the state before it
+            self.scheduler.load_state_dict(scheduler_state)
+            where = f"last good state (step {step}) saved at {self.save(step, loader_state)}"
+        else:
+            where = f"parameters are non-finite; last checkpoint: {checkpoint.latest(self.run_dir)}"
+        raise NonFiniteLoss(f"train loss is {loss.item()} at step {step + 1}; {where}")
     def validate(self) -> dict[str, float]:
         val_loss = evaluate_loss(self.model, self.dataset.val, self.cfg, self.device, self.info, self.autocast)
         return {**_val_metrics(val_loss, self.bytes_per_token), **self.state_ranks()}
@@ -245,10 +280,17 @@ class Trainer:
         self.model.train()
         return ranks
 
-    def metrics_to_log(self, step_metrics: dict[str, float]) -> dict[str, float]:
+    def metrics_to_log(self, step_metrics: dict) -> dict[str, float]:
+        """What to log at this step: the step's metrics and the betas at a logging step (the host waits on the device
+        here, and only here), validation at an evaluation step; tokens/s over the steps since the last log."""
         cfg, metrics = self.cfg, {}
         if self.step % cfg.log_every == 0 or self.step == cfg.steps:
-            metrics.update(step_metrics, **self.model.beta_stats())
+            self.stop_if_nonfinite()
+            now = time.time()
+            tokens_per_s = cfg.batch_tokens * (self.step - self.logged[0]) / max(now - self.logged[1], 1e-9)
+            self.logged = (self.step, now)
+            metrics.update({key: float(value) for key, value in step_metrics.items()}, **self.model.beta_stats())
+            metrics["train/tokens_per_s"] = tokens_per_s
         if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
             metrics.update(self.validate())
         return metrics
@@ -265,7 +307,7 @@ class Trainer:
                 if metrics and self.info.is_main:
                     self.logger.log_metrics(metrics, self.step)
                 final.update(metrics)
-                stop = any_rank_signal(signals.received, self.info, self.device)   # all ranks stop at one step
+                stop = self.received(signals)
                 pruned = self.pruned(metrics)
                 if self.step % cfg.ckpt_every == 0 or self.step == cfg.steps or stop or pruned:
                     self.last_checkpoint = self.save(self.step, self.loader.state_dict())
@@ -282,6 +324,14 @@ class Trainer:
                          self.resumed_from, str(self.last_checkpoint) if self.last_checkpoint else None,
                          self.device.type, {"unigram_xent_val": self.dataset.manifest["unigram_xent_val"],
                                             "dataset": str(self.dataset.path)})
+
+    def received(self, signals: _DeferredSignals) -> int | None:
+        """The signal to stop on at this step: the process's own; with several ranks, the one any rank received, asked
+        at logging steps only (the same steps on every rank: they stop together), as asking waits on the devices."""
+        cfg = self.cfg
+        if self.info.world_size > 1 and self.step % cfg.log_every and self.step != cfg.steps:
+            return None
+        return any_rank_signal(signals.received, self.info, self.device)
 
     def pruned(self, metrics: dict[str, float]) -> str | None:
         """stop_early's reason to end the run at this validation (before its last step), the same on every rank."""

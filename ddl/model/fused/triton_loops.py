@@ -16,7 +16,6 @@ Layouts:
   gradient): elementwise along d; a program writes its tile's own partial of the taps' gradient.
 - chunks (the read's and the expansion's backwards, the norm's): one program walks TOKENS_PER_CHUNK
   tokens in order into a partial of its own.
-Warps and feature blocks are tuned (triton.autotune) on the GPU at each kernel's first launch.
 Partials are summed by torch in order: no atomics, the same bits on every run of a shape.
 
 The read and the expansion are torch.library.triton_ops (torch.compile traces into them); every other
@@ -25,7 +24,6 @@ ddl.model.fused does so on the CUDA path only. Under TRITON_INTERPRET=1 (set bef
 kernels run on CPU tensors, as the tests do.
 """
 
-import os
 from typing import Optional
 
 import torch
@@ -34,17 +32,11 @@ import triton.language as tl
 from torch.library import custom_op, triton_op, wrap_triton
 
 TOKENS_PER_CHUNK = 64       # tokens a backward program sums the taps' gradient over, in order
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _tuned(*configs: tuple[int, dict], key: list[str]):
-    """triton.autotune over these (num_warps, meta-parameters) choices, timed on the GPU at a kernel's first launch for
-    each value of `key`; under the interpreter only the first (its timing means nothing there)."""
-    choices = [triton.Config(meta, num_warps=warps) for warps, meta in configs]
-    return triton.autotune(configs=choices[:1] if INTERPRETED else choices, key=key)
-
-
-ROW_CHOICES = [(4, {}), (8, {}), (16, {}), (2, {})]            # a row kernel's warps
+# Warps of a program: a row kernel's (rows of up to 1024 features), a norm's, a tile's. Fixed: on the H100
+# (2026-11-26) triton.autotune over 1-16 warps picked slower kernels than these for the norm, the rank-1 read and
+# d_v=1's update (noisy timings of short kernels), took a d_v=4 model's first step from 16 to 27 s, and let two
+# processes of one run pick different kernels (different rounding: a resumed run's curve drifts).
+ROW_WARPS, NORM_WARPS, TILE_WARPS = 4, 4, 4
 
 FEATURES_PER_BLOCK = 64     # features (along d) per program of the depthwise ops
 
@@ -131,6 +123,14 @@ def _store_step(w, rho, q, w_n, r, q_n, row, j, in_dv, dv):
 # a 1-D vector, so every sum is over d or over the unrolled channels: no transpose of a (dv, d) tile) ----
 
 @triton.jit
+def _token_row(d, BLOCK_D: tl.constexpr):
+    """This program's token and the features of a row, with their mask."""
+    n = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK_D)
+    return n, i, i < d
+
+
+@triton.jit
 def _row(X, n, sXn, sXj, j, i, in_d):
     """Token n's channel j row of a state with strides sXn (tokens) and sXj (channels; 0: repeated), fp32."""
     return tl.load(X + n * sXn + j * sXj + i, mask=in_d, other=0.0).to(tl.float32)
@@ -148,14 +148,11 @@ def _key_norm(k, eps2):
     return (1.0 / tl.sqrt(tl.sum(k * k) + eps2)).to(tl.float32)
 
 
-@_tuned(*ROW_CHOICES, key=["d", "DV"])
 @triton.jit
 def _update_forward_kernel(X, h, beta, v, X_new, w, rho, q, eps2, sXn, sXj, d, STORE_STATE: tl.constexpr,
                            DV: tl.constexpr, BLOCK_D: tl.constexpr):
     """One update per token: X_new (when STORE_STATE; else only w, rho, q: DeltaKey's), w, rho, q."""
-    n = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, BLOCK_D)
-    in_d = i < d
+    n, i, in_d = _token_row(d, BLOCK_D)
     k = _vec(h, n, i, in_d, d)
     b, r = tl.load(beta + n).to(tl.float32), _key_norm(k, eps2)
     tl.store(rho + n, r.to(rho.dtype.element_ty))
@@ -180,13 +177,10 @@ def _channel_backward(G_j, X_j, k, b, r, v_j, q_j, g_w_j):
     return (G_j + g_q * k, g_res, g_w_j * r * res, g_w_j * b * res - g_res * q_j, (b * r * res) * G_j + g_q * X_j)
 
 
-@_tuned(*ROW_CHOICES, key=["d", "DV"])
 @triton.jit
 def _update_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, sXn, sXj, d,
                             HAS_G_W: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr):
-    n = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, BLOCK_D)
-    in_d = i < d
+    n, i, in_d = _token_row(d, BLOCK_D)
     k = _vec(h, n, i, in_d, d)
     b, r = tl.load(beta + n).to(tl.float32), tl.load(rho + n).to(tl.float32)
     g_k = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -207,13 +201,10 @@ def _update_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v
 # read by the next block's taps over the last L tokens (each rebuilt where the read needs it). A_lag: the taps by lag,
 # (L, DV, d) contiguous ----
 
-@_tuned(*ROW_CHOICES, key=["d", "DV"])
 @triton.jit
 def _write_forward_kernel(X, h_a, w_a, h, beta, v, A_lag, X_new, w, rho, q, x_next, eps2, sXn, sXj, T, d,
                           STORE_STATE: tl.constexpr, L: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr):
-    n = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, BLOCK_D)
-    in_d = i < d
+    n, i, in_d = _token_row(d, BLOCK_D)
     read = tl.zeros((BLOCK_D,), dtype=tl.float32)
     for lag in tl.static_range(L):
         if lag <= n % T:                                           # t - lag within the sequence
@@ -236,16 +227,13 @@ def _write_forward_kernel(X, h_a, w_a, h, beta, v, A_lag, X_new, w, rho, q, x_ne
     tl.store(x_next + n * d + i, read.to(x_next.dtype.element_ty), mask=in_d)
 
 
-@_tuned(*ROW_CHOICES, key=["d", "DV"])
 @triton.jit
 def _write_backward_kernel(G, g_w, g_next, X, h_a, w_a, h, beta, v, rho, q, A_lag, G_mid, g_h, g_beta, g_v, sXn, sXj,
                            T, d, HAS_G: tl.constexpr, HAS_G_W: tl.constexpr, L: tl.constexpr, DV: tl.constexpr,
                            BLOCK_D: tl.constexpr):
     """dL/dX_out (G, or zero) plus the read's sum over lag of A_lag * g_next[t+lag], then the update's backward at the
     rebuilt mid state: dL/dX_mid, dL/dk~, dL/dbeta, dL/dv. (The taps' gradient: _write_taps_kernel.)"""
-    n = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, BLOCK_D)
-    in_d = i < d
+    n, i, in_d = _token_row(d, BLOCK_D)
     k_a, k = _vec(h_a, n, i, in_d, d), _vec(h, n, i, in_d, d)
     b, r = tl.load(beta + n).to(tl.float32), tl.load(rho + n).to(tl.float32)
     g_k = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -439,10 +427,6 @@ def _store_tap_gradient(partials, value, j, lag, i, in_d, L, dv, d):
     tl.store(partials + tl.program_id(0).to(tl.int64) * dv * d * L + (j * d + i) * L + (L - 1 - lag), value, mask=in_d)
 
 
-TILE_CHOICES = [(4, {"BLOCK_D": 128}), (8, {"BLOCK_D": 128}), (4, {"BLOCK_D": 64}), (8, {"BLOCK_D": 256})]
-
-
-@_tuned(*TILE_CHOICES, key=["d", "dv", "L"])
 @triton.jit
 def _rank_one_forward_kernel(w, h, A_lag, x, N, T, L, dv, d, TOK: tl.constexpr, BLOCK_D: tl.constexpr):
     """x[t] = sum over lag of (sum_j w[t-lag, j] A[j, :, L-1-lag]) * k~[t-lag]."""
@@ -459,7 +443,6 @@ def _rank_one_forward_kernel(w, h, A_lag, x, N, T, L, dv, d, TOK: tl.constexpr, 
     tl.store(x + n[:, None] * d + i[None, :], out.to(x.dtype.element_ty), mask=in_tile)
 
 
-@_tuned((4, {}), (8, {}), (2, {}), key=["d", "dv", "L"])
 @triton.jit
 def _rank_one_backward_kernel(g, w, h, A_lag, g_w_partials, g_h, partials, N, T, L, dv, d, TOK: tl.constexpr,
                               BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -486,7 +469,6 @@ def _rank_one_backward_kernel(g, w, h, A_lag, g_w_partials, g_h, partials, N, T,
              mask=in_n[:, None] & (jj < dv)[None, :])
 
 
-@_tuned(*TILE_CHOICES, key=["d", "dv", "L"])
 @triton.jit
 def _write_taps_kernel(g_next, X, h_a, w_a, h, beta, v, rho, q, partials, sXn, sXj, N, T, L, dv, d,
                        TOK: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -509,15 +491,12 @@ def _write_taps_kernel(g_next, X, h_a, w_a, h, beta, v, rho, q, partials, sXn, s
 
 # ---- a sublayer's RMSNorm with the gates' maps of its output and input (norm_projections): one row a program ----
 
-@_tuned((4, {}), (2, {}), (8, {}), (1, {}), key=["d", "nc", "nx"])
 @triton.jit
 def _norm_forward_kernel(x, g, W_c, W_x, c, l_c, l_x, rho, eps, nc, nx, d, BLOCK_C: tl.constexpr,
                          BLOCK_X: tl.constexpr, BLOCK_D: tl.constexpr):
     """c = x rho g, rho = 1/sqrt(mean(x^2) + eps); l_c = c W_c^T and l_x = x W_x^T from the fp32 c and x."""
-    n = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, BLOCK_D)
-    in_d = i < d
-    x_n = tl.load(x + n * d + i, mask=in_d, other=0.0).to(tl.float32)
+    n, i, in_d = _token_row(d, BLOCK_D)
+    x_n = _vec(x, n, i, in_d, d)
     r = 1.0 / tl.sqrt(tl.sum(x_n * x_n) / d + eps)
     c_n = x_n * r * tl.load(g + i, mask=in_d, other=0.0).to(tl.float32)
     tl.store(c + n * d + i, c_n.to(c.dtype.element_ty), mask=in_d)
@@ -529,7 +508,6 @@ def _norm_forward_kernel(x, g, W_c, W_x, c, l_c, l_x, rho, eps, nc, nx, d, BLOCK
     tl.store(l_x + n * nx + kx, tl.sum(W_xn.to(tl.float32) * x_n[None, :], axis=1), mask=kx < nx)
 
 
-@_tuned((4, {}), (8, {}), (2, {}), key=["d", "nc", "nx"])
 @triton.jit
 def _norm_backward_kernel(g_c, g_lc, g_lx, x, g, W_c, W_x, rho, g_x, partials, N, nc, nx, d, TOKENS: tl.constexpr,
                           BLOCK_C: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -573,8 +551,8 @@ def _update_grid(dv: int, d: int) -> dict:
 
 
 def _row_grid(dv: int, d: int) -> dict:
-    """The row kernels' channels and block of features (their warps: tuned)."""
-    return dict(DV=dv, BLOCK_D=triton.next_power_of_2(d))
+    """The row kernels' channels, block of features and warps."""
+    return dict(DV=dv, BLOCK_D=triton.next_power_of_2(d), num_warps=ROW_WARPS)
 
 
 def _block_d(d: int) -> int:
@@ -605,11 +583,10 @@ TILE_FEATURES = 128         # features a tiled program covers where they set the
 
 
 def _by_tile(kernel, tensors: tuple, N: int, d: int, **blocks) -> None:
-    """Launches a tiled kernel, kernel(*tensors, ..., TOK, BLOCK_D): one program per tile of tokens and features
-    (BLOCK_D given, or tuned)."""
-    kernel[lambda meta: (triton.cdiv(N, TOKENS_PER_TILE), triton.cdiv(d, meta["BLOCK_D"]))](*tensors,
-                                                                                              TOK=TOKENS_PER_TILE,
-                                                                                              **blocks)
+    """Launches a tiled kernel, kernel(*tensors, ..., TOK, BLOCK_D): one program per tile of tokens and features."""
+    block_d = _tile_features(d)
+    kernel[(triton.cdiv(N, TOKENS_PER_TILE), triton.cdiv(d, block_d))](*tensors, TOK=TOKENS_PER_TILE, BLOCK_D=block_d,
+                                                                          num_warps=TILE_WARPS, **blocks)
 
 
 def _tap_partials(taps: torch.Tensor, N: int) -> torch.Tensor:
@@ -834,7 +811,7 @@ def norm_forward(x: torch.Tensor, g: torch.Tensor, W_c: torch.Tensor, W_x: torch
     d = x.size(-1)
     c, l_c, l_x, rho = outputs = _norm_outputs(x, W_c, W_x, c_dtype)
     _norm_forward_kernel[(x.numel() // d,)](x, g, W_c, W_x, c, l_c, l_x, rho, eps, W_c.size(0), W_x.size(0), d,
-                                            **_norm_blocks(W_c, W_x, d))
+                                            **_norm_blocks(W_c, W_x, d), num_warps=NORM_WARPS)
     return outputs
 
 
@@ -855,7 +832,7 @@ def norm_backward(g_c: torch.Tensor, g_lc: torch.Tensor, g_lx: torch.Tensor, x: 
     g_x = x.new_empty(x.shape)
     partials = x.new_empty(chunks, 1 + nc + nx, d, dtype=torch.float32)
     _norm_backward_kernel[(chunks,)](g_c, g_lc, g_lx, x, g, W_c, W_x, rho, g_x, partials, N, nc, nx, d,
-                                     TOKENS=NORM_TOKENS_PER_CHUNK, **_norm_blocks(W_c, W_x, d))
+                                     TOKENS=NORM_TOKENS_PER_CHUNK, **_norm_blocks(W_c, W_x, d), num_warps=NORM_WARPS)
     return g_x, partials[:, 0].sum(0), partials[:, 1:1 + nc].sum(0), partials[:, 1 + nc:].sum(0)
 
 
@@ -907,7 +884,7 @@ def rank_one_backward(g: torch.Tensor, w: torch.Tensor, h: torch.Tensor,
     g_w_partials = w.new_empty((_feature_blocks(d), B, T, dv), dtype=torch.float32)   # one per feature block
     partials = _tap_partials(A, N)
     _by_tile(_rank_one_backward_kernel, (g, w, h, _by_lag(A), g_w_partials, g_h, partials, N, T, A.size(-1), dv, d),
-             N, d, BLOCK_DV=triton.next_power_of_2(dv), BLOCK_D=_tile_features(d))
+             N, d, BLOCK_DV=triton.next_power_of_2(dv))
     return g_w_partials.sum(0).to(w.dtype), g_h, partials.sum(0).to(A.dtype)
 
 
