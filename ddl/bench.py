@@ -46,9 +46,15 @@ TARGETS = {"ddl_dv1": 1.05, "ddl_dv4": 1.25, "ddl_dv4_nh2": 1.25}
 MEMORY_TARGET = 1.5
 # Start-up, in seconds on a quiet 2-core machine: `ddl-run --help`, the dry run of the paper's small sweep, and
 # the plan of a 1,000-job seed study (its dry run).
-HELP_GOAL_S, DRY_RUN_GOAL_S, PLAN_GOAL_S = 0.8, 1.5, 15
+HELP_GOAL_S, DRY_RUN_GOAL_S, PLAN_GOAL_S = 0.5, 1.5, 15
 DRY_RUN = ["-m", "+sweep=paper_small", "hydra/launcher=slurm", "--dry-run"]
 PLAN_1000 = ["-m", "+variant=baseline,ddl_dv1,ddl_dv4,ddl_dv4_ec", "seed=range(0,250)", "model=micro", "--dry-run"]
+
+
+def relative_distance(grads: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
+    """|grads - reference| / |reference| over all of them (L2)."""
+    diff = sum(float((a - b).square().sum()) for a, b in zip(grads, reference, strict=True))
+    return (diff / sum(float(b.square().sum()) for b in reference)) ** 0.5
 
 
 class Arm:
@@ -65,6 +71,7 @@ class Arm:
         self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
         self.compiled = compile_
         self.gradient_error: float | None = None
+        self.loops_error: float | None = None
         if compile_:
             self.gradient_error = self.compile()
         self.times: list[float] = []
@@ -80,12 +87,14 @@ class Arm:
 
     def compile(self) -> float:
         """Compiles the model per block: the relative L2 distance of its gradients on the bench's batch to the
-        eager model's (bf16 rounding: ~1e-3-1e-2; wrong gradients: ~1)."""
+        eager model's (bf16 rounding: ~1e-3-1e-2; wrong gradients: ~1). Before that, on CUDA, loops_error: the eager
+        model's with its Triton kernels against the same with the PyTorch-op loops (DDL_NATIVE_KERNELS=0)."""
         eager = self.gradients()
+        if self.device.type == "cuda" and self.model.cfg.residual == "ddl":
+            with _environ(DDL_NATIVE_KERNELS="0"):
+                self.loops_error = relative_distance(self.gradients(), eager)
         self.model.compile_blocks()
-        compiled = self.gradients()
-        diff = sum(float((a - b).square().sum()) for a, b in zip(compiled, eager, strict=True))
-        return (diff / sum(float(b.square().sum()) for b in eager)) ** 0.5
+        return relative_distance(self.gradients(), eager)
 
     def step(self) -> float:
         """One training step's seconds: CUDA events around it on a GPU (no host sync inside), the host clock on CPU."""
@@ -141,7 +150,8 @@ def model_costs(device: torch.device, shape: dict, batch: int, seq: int, rounds:
         arm.memory = arm.measure_memory()
         arms.append(arm)
         if on_arm:
-            on_arm(name, {"first_step_s": first_step_s[name], "gradient_error": arm.gradient_error})
+            on_arm(name, {"first_step_s": first_step_s[name], "gradient_error": arm.gradient_error,
+                          "loops_error": arm.loops_error})
     for r in range(rounds):                            # alternate, reversing the order every round
         for arm in (arms if r % 2 == 0 else arms[::-1]):
             arm.times += [arm.step() for _ in range(steps)]
@@ -155,7 +165,8 @@ def model_costs(device: torch.device, shape: dict, batch: int, seq: int, rounds:
         rows[arm.name] = {"step_ms": 1e3 * median, "time_ratio": median / base_time, "tokens_per_s": tokens / median,
                           "memory_mib": arm.memory / 2 ** 20, "memory_ratio": arm.memory / base.memory,
                           "params": params, "mfu": training_flops(params, tokens) / median / peak if peak else None,
-                          "first_step_s": first_step_s[arm.name], "gradient_error": arm.gradient_error}
+                          "first_step_s": first_step_s[arm.name], "gradient_error": arm.gradient_error,
+                          "loops_error": arm.loops_error}
     return rows
 
 

@@ -1,10 +1,11 @@
 """What training costs: FLOPs, GPU-hours and memory per GPU (the dry run's estimates), and the bench's MFU.
 
-A GPU job's time per token is the baseline's, 6 N FLOPs at the MFU `make gpu-check` measured (RECORDED_GPU), plus
-its arm's extra memory traffic over the baseline's (ddl.traffic, counted per token, layer and feature in
-traffic_table.json) at the measured copy rate. Its memory per GPU is the weights, gradients and AdamW's moments
-(16 bytes a parameter) plus the activations autograd saves (the same table) times the measured ratio of a step's peak
-to them. No torch here: the dry run stays fast.
+A GPU job's time per token is the baseline's, 6 N FLOPs at the MFU `make gpu-check` measured (RECORDED_GPU), times
+its arm's step ratio to the baseline: the one gpu-check measured for the arm's d_v (1 or 4) where there is one, plus
+the traffic the arm moves beyond that measured arm (ddl.traffic, counted per token, layer and feature in
+traffic_table.json) at the measured copy rate; else 1 plus its whole extra traffic at that rate. Its memory per GPU
+is the weights, gradients and AdamW's moments (16 bytes a parameter) plus the activations autograd saves (the same
+table) times the measured ratio of a step's peak to them. No torch here: the dry run stays fast.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 # What `make gpu-check` measured (docs/performance.md): the baseline's MFU at the paper's small size compiled per
 # block, a device copy's rate (bytes read + written), and a step's peak memory over the activations it saves.
 RECORDED_GPU = dict(card="H100", date="2026-11-26", baseline_mfu=0.298, copy_bytes_per_s=2.9e12,
-                    peak_over_saved=1.31)
+                    peak_over_saved=1.31,
+                    step_ratios={"ddl dv=1 conv=none mapping=k n_h=1 beta=linear": 1.458,
+                                 "ddl dv=4 conv=none mapping=k n_h=1 beta=linear": 1.926})
 BYTES_PER_PARAM = 16          # fp32 weights and gradients, AdamW's two moments
 TRAFFIC_TABLE = Path(__file__).with_name("traffic_table.json")
 
@@ -52,11 +55,21 @@ def traffic(model) -> tuple[str, dict]:
     return nearest, arms[nearest]
 
 
+def measured_arm(model) -> str | None:
+    """The arm of the model's d_v whose step ratio gpu-check measured, if any."""
+    return next((key for key in RECORDED_GPU["step_ratios"] if model.residual == "ddl"
+                 and key.startswith(f"ddl dv={model.dv} ")), None)
+
+
 def gpu_seconds_per_token(model, n_params: int, gpu: str = "H100") -> float:
-    """One GPU's seconds a token: the baseline's at the recorded MFU plus the arm's extra bytes at the copy rate."""
+    """One GPU's seconds a token: the baseline's at the recorded MFU times the arm's step ratio (module docstring)."""
     _, arm = traffic(model)
     baseline = 6.0 * n_params / (BF16_PEAK_FLOPS[gpu] * RECORDED_GPU["baseline_mfu"])
-    return baseline + arm["extra_bytes"] * model.n_layer * model.d_model / RECORDED_GPU["copy_bytes_per_s"]
+    ratio, extra = 1.0, arm["extra_bytes"]
+    if measured_arm(model):
+        ratio = RECORDED_GPU["step_ratios"][measured_arm(model)]
+        extra -= traffic_table()["arms"][measured_arm(model)]["extra_bytes"]
+    return ratio * baseline + extra * model.n_layer * model.d_model / RECORDED_GPU["copy_bytes_per_s"]
 
 
 def gpu_hours(model, n_params: int, tokens: int, gpu: str = "H100") -> float:

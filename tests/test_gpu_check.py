@@ -12,6 +12,7 @@ import torch
 from ddl import gpu_check
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU: gpu-check would run")
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_0(tmp_path):
     done = subprocess.run([sys.executable, "-m", "ddl.gpu_check", "--out", str(tmp_path / "out")], capture_output=True,
@@ -34,7 +35,7 @@ CURVE = [(step, 5.0 - step / 100) for step in range(10, 201, 10)]
 
 def test_a_resumed_curve_is_judged_continuous_finite_and_close():
     relogged = CURVE[:13] + [(step, loss + 0.01) for step, loss in CURVE[10:]]   # killed at 130, resumed from 100
-    judged = gpu_check.compare_curves(CURVE, relogged, killed_at=130, whole_s=1.0)
+    judged = gpu_check.compare_curves(CURVE, relogged, killed_at=130, seconds=1.0)
     assert judged["ok"] and judged["continuous"] and judged["resumed_from"] == 100
     assert judged["largest_loss_difference"] == pytest.approx(0.01)
     gap = CURVE[:10] + CURVE[11:]                                                # step 110 never logged

@@ -188,6 +188,7 @@ def test_one_size_writes_no_view_across_sizes(module_ddl_home, synthetic):
     assert (folder / "scaling_loss.png").exists()
 
 
+@pytest.mark.slow
 def test_the_tuned_scaling_sweep_searches_micro_carries_to_tiny_and_mini_within_90_minutes(ddl_home):
     out = run_cli("ddl-run", "-m", "+sweep=scaling_tuned", "--dry-run", env_extra={"COLUMNS": "200"})
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]

@@ -26,9 +26,9 @@ def _split(*overrides):
 
 
 def test_the_grammar_splits_rows_from_the_searched_space():
-    rows, space = _split("residual=ddl,baseline", "seed=range(0,2)", "model=micro",
+    rows, space = _split("residual=ddl,baseline", "dv=range(1,3)", "model=micro",
                          "train.lr=tag(log, interval(3e-4, 3e-2))", "conv=choice(none, ec)", "n=int(interval(1, 8))")
-    assert [o.get_key_element() for o in rows] == ["residual", "seed", "model"]
+    assert [o.get_key_element() for o in rows] == ["residual", "dv", "model"]
     lr, conv, n = space
     assert (lr.key, lr.low, lr.high, lr.log, lr.integer) == ("train.lr", 3e-4, 3e-2, True, False)
     assert conv.choices == ("none", "ec") and conv.categorical
@@ -89,6 +89,30 @@ def test_a_dry_run_of_a_search_prints_its_plan_and_launches_nothing(ddl_home):
     assert "planned search (dry run, nothing launched)" in out.stdout
     assert out.stdout.count("tag(log, interval(0.0003, 0.03))") == 2 and "auto: 3, 5, 7" in out.stdout
     assert "at most 28 jobs" in out.stdout and "core-min" in out.stdout      # 2 rows x (8 trials + 6 seeds)
+    assert not ddl_home.exists()
+
+
+def test_the_command_line_replaces_a_named_sweeps_key_search_or_list(ddl_home):
+    """As in Hydra's own sweepers: a list given for a key the sweep file searches makes plain rows (no search),
+    and a range given for a key the sweep file lists searches it; the dry run names the keys replaced."""
+    out = run_cli("ddl-run", "-m", "+sweep=tuned", "+variant=baseline", "train.lr=1e-3,2e-3", "--dry-run")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "the command line replaces the sweep's +variant, train.lr" in out.stdout
+    assert "2 override sets -> 2 distinct jobs" in out.stdout and "planned search" not in out.stdout
+    assert out.stdout.count("baseline-tiny-s0 train.lr=0.00") == 2 and "interval" not in out.stdout
+    out = run_cli("ddl-run", "-m", "+sweep=smoke", "dv=4", "train.lr=tag(log, interval(1e-3, 1e-2))", "--dry-run")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "the command line replaces the sweep's dv" in out.stdout and "planned search" in out.stdout
+    assert out.stdout.count("tag(log, interval(0.001, 0.01))") == 2 and "dv1" not in out.stdout
+    assert not ddl_home.exists()
+
+
+@pytest.mark.parametrize("seeds", ["seed=0,1,2", "seed=range(0,3)"])
+def test_a_seed_list_beside_a_search_is_refused_pointing_to_tune_seeds(ddl_home, seeds):
+    out = run_cli("ddl-run", "-m", "+sweep=tuned", seeds, "--dry-run")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith(f"ddl-run: error: {seeds}: a seed list beside a searched key") and "tune.seeds" in line
     assert not ddl_home.exists()
 
 
@@ -265,6 +289,36 @@ def test_two_homes_on_the_team_server_continue_one_search(team_server, tmp_path)
 
 
 @pytest.mark.slow
+def test_two_homes_racing_one_search_make_one_parent_each_trial_and_confirmation_once(team_server, tmp_path):
+    """Two homes start the same search at the same moment on the team server: the parent run, each trial number
+    and each confirmation run are claimed like a signature, so each row has one parent, tune.trials trials with
+    distinct numbers and seeds - 1 confirmation runs, and every run trained once (each home waits for the
+    other's)."""
+    from mlflow.tracking import MlflowClient
+    search = ["-m", "residual=ddl,baseline", "dv=4", "train.lr=tag(log, interval(1e-3, 3e-2))", "tune.trials=4",
+              "tune.seeds=2", "tune.pruner=none", "model=micro", "train=smoke", "train.steps=40", "experiment=raced"]
+    homes = [subprocess.Popen([str(VENV_BIN / "ddl-run"), *search], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "DDL_HOME": str(tmp_path / home),
+                                              "MLFLOW_TRACKING_URI": team_server.uri})
+             for home in "ab"]
+    outs = [home.communicate(timeout=1200) for home in homes]
+    assert [home.returncode for home in homes] == [0, 0], [out[1][-3000:] for out in outs]
+    client = MlflowClient(team_server.uri)
+    runs = client.search_runs([client.get_experiment_by_name("raced").experiment_id])
+    parents = [r for r in runs if r.data.tags.get("ddl.role") == "search"]
+    assert len(parents) == 2 and len({p.data.tags["ddl.search"] for p in parents}) == 2
+    for parent in parents:
+        children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+        trials = [r for r in children if r.data.tags["ddl.role"] == "trial"]
+        assert sorted(int(r.data.tags["ddl.trial"]) for r in trials) == [0, 1, 2, 3], [
+            (r.data.tags["ddl.trial"], r.data.tags["ddl.signature"], r.data.tags["ddl.home"][-1], r.info.start_time,
+             r.info.status) for r in trials]
+        assert [r.data.params["seed"] for r in children if r.data.tags["ddl.role"] == "confirm"] == ["1"]
+    trained = [r.data.tags["ddl.signature"] for r in runs if r.data.tags.get("ddl.role") in ("trial", "confirm")]
+    assert len(trained) == len(set(trained)) == 10 and all(r.info.status == "FINISHED" for r in runs)
+
+
+@pytest.mark.slow
 def test_sync_brings_a_search_back_with_its_parent(searched, tmp_path):
     """The home's journals into an empty store: every run of the search is there, each child under its parent."""
     from mlflow.tracking import MlflowClient
@@ -302,3 +356,67 @@ def test_each_round_asks_values_no_trial_has():
 def test_a_key_searched_twice_is_named_once():
     with pytest.raises(ValueError, match=r"^'train.lr=choice\(0.1, 1\)': train.lr searched twice"):
         _split("train.lr=interval(1e-4, 1e-2)", "train.lr=choice(0.1, 1)")
+
+
+def _stored_trial(client, experiment_id: str, number: str, values: str, search: str = "s1") -> str:
+    """A finished trial run as the driver's jobs tag one, in a real MLflow store."""
+    run = client.create_run(experiment_id, tags={"ddl.search": search, "ddl.role": "trial", "ddl.trial": number,
+                                                 "ddl.trial_values": values, "ddl.sweep": "e",
+                                                 "ddl.signature": f"sig{number}"})
+    client.set_terminated(run.info.run_id)
+    return run.info.run_id
+
+
+def test_damaged_search_records_are_left_out_each_in_one_warning_line(ddl_home, capsys):
+    """A garbled ddl.trial_values or ddl.trial tag, values of other keys, a trial moved to another experiment:
+    the search reads on without each, saying so once; a damaged trial keeps its number."""
+    from ddl.track import searches, store
+    c = store.client()
+    here = store.experiment_id("e")
+    good = _stored_trial(c, here, "0", '{"train.lr": 0.001}')
+    damaged = [_stored_trial(c, here, "1", '{"train.lr": 0.00'), _stored_trial(c, here, "2", '{"train.lrr": 0.001}'),
+               _stored_trial(c, here, "x", '{"train.lr": 0.002}'),
+               _stored_trial(c, store.experiment_id("elsewhere"), "3", '{"train.lr": 0.003}')]
+    assert [t.run_id for t in searches.runs_of("e", "s1", keys=["train.lr"])] == [good]
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[4].rstrip(":") for line in lines] == damaged
+    assert all(line.startswith("ddl-run: warning: MLflow run ") and line.endswith("the search goes on without it")
+               for line in lines)
+    assert "ddl.trial_values='{\"train.lr\": 0.00'" in lines[0] and "experiment 'elsewhere', not 'e'" in lines[3]
+    assert [t.run_id for t in searches.runs_of("e", "s1", keys=["train.lr"])] == [good]
+    assert capsys.readouterr().out == ""                                          # said once
+    assert searches.numbers_taken("e", "s1") == {0, 1, 2}
+
+
+def test_a_trial_number_is_claimed_like_a_signature(ddl_home):
+    """Two runs of one trial number with other values: the one that started first holds it."""
+    from ddl.track import searches, store
+    c = store.client()
+    here = store.experiment_id("e")
+    first, later = (c.get_run(_stored_trial(c, here, "0", '{"train.lr": 0.001}')),
+                    c.get_run(_stored_trial(c, here, "0", '{"train.lr": 0.002}')))
+    later_sig = later.data.tags["ddl.signature"]
+    c.set_tag(later.info.run_id, "ddl.signature", "other")
+    assert searches.trial_taken("e", "s1", 0, "other", besides=c.get_run(later.info.run_id)).startswith(
+        f"trial 0 is MLflow run {first.info.run_id}")
+    assert searches.trial_taken("e", "s1", 0, later_sig, besides=first) is None
+    assert searches.trial_taken("e", "s1", 1, "other") is None
+
+
+def test_a_deleted_parent_run_is_refused_in_one_line_naming_it(ddl_home):
+    """A search's parent deleted (in MLflow's UI) while its trials are not: refused, naming the parent and how to
+    restore it; with its trials deleted too, the search starts afresh under a new parent."""
+    from ddl.track import searches, store
+    c = store.client()
+    parent = searches.parent_run("e", "s1", "search baseline-micro", {})
+    assert searches.parent_run("e", "s1", "search baseline-micro", {}) == parent
+    trial = _stored_trial(c, store.experiment_id("e"), "0", '{"train.lr": 0.001}')
+    c.set_tag(trial, "mlflow.parentRunId", parent)
+    c.delete_run(parent)
+    with pytest.raises(searches.DamagedSearch, match=f"^search baseline-micro: its parent MLflow run {parent} is "
+                                                     f"deleted .*mlflow runs restore --run-id {parent}"):
+        searches.parent_run("e", "s1", "search baseline-micro", {})
+    with pytest.raises(searches.DamagedSearch, match=f"parent MLflow run {parent} was deleted while it ran"):
+        searches.close("s1", parent)
+    c.delete_run(trial)
+    assert searches.parent_run("e", "s1", "search baseline-micro", {}) not in ("", parent)

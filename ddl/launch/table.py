@@ -118,10 +118,11 @@ def _cost_caption(costs, to_run: list[bool], slots: int, threads: int) -> str:
     if any(c.cpu_seconds is None for c in costs):
         g = RECORDED_GPU
         caption.append(f"* the baseline's 6·N FLOPs a token at the MFU `make gpu-check` measured "
-                       f"({g['baseline_mfu']:.1%}, {g['card']}, {g['date']}), plus each arm's extra memory traffic "
-                       f"per token (ddl.traffic, counted) at the measured {g['copy_bytes_per_s'] / 1e12:.1f} TB/s; "
-                       f"to run: {sum(gpu):.3g} GPU-h. GiB/GPU: weights and AdamW state, and the activations a "
-                       f"micro-batch saves.")
+                       f"({g['baseline_mfu']:.1%}, {g['card']}, {g['date']}), times the step ratio it measured for "
+                       f"d_v=1 and d_v=4 ({', '.join(f'{r:.2f}' for r in g['step_ratios'].values())}), other "
+                       f"variants adding the memory traffic they move beyond those (ddl.traffic, counted) at "
+                       f"{g['copy_bytes_per_s'] / 1e12:.1f} TB/s; to run: {sum(gpu):.3g} GPU-h. GiB/GPU: weights "
+                       f"and AdamW state, and the activations a micro-batch saves.")
     if any(c.cpu_seconds is not None for c in costs):
         wall = wall_seconds(cpu, slots, threads) if cpu else 0.0
         caption.append(f"† training on CPU: 6·N·tokens FLOPs at {CPU_TRAIN_FLOPS / 1e9:.2g} GFLOP/s per core, "

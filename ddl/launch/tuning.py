@@ -16,6 +16,7 @@ confirmation's seeds (0 up: it has no trial), as a search of its own (an id, a p
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import time
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from ..tune.space import Dimension
 from .configs import ConfigError
 from .spec import Job, row_name, size_name
 
-WAIT_FOR_OTHERS_S = 30      # a round with nothing to launch while another home's trials run polls this often
+WAIT_FOR_OTHERS_S = 10      # a round with nothing to launch while another home's runs train polls this often
 
 
 @dataclass
@@ -57,6 +58,12 @@ class RowSearch:
         carried = {"ddl.carried_from": self.source.size, "ddl.source_search": self.source.search} if self.source else {}
         return {"ddl.row": self.name, "ddl.space": " ".join(d.spec() for d in self.space), **carried}
 
+    def runs(self, *roles: str) -> list:
+        """The search's runs of these roles (trial, confirm) in the store, a damaged one left out (saying so)."""
+        from ..track import searches
+        return [t for t in searches.runs_of(self.job.experiment, self.search, keys=[d.key for d in self.space])
+                if t.role in roles]
+
     def confirm_seeds(self, n: int) -> range:
         """The seeds its confirmation runs for a look at n seeds: all n for a carried row, else all but the
         first, the trial that found the best."""
@@ -81,12 +88,19 @@ def run(launcher, row_overrides: list[list[str]], space: list[Dimension]) -> lis
         search_plan_table(rows, tuning, launcher).print()
         return []
     from ..track import searches
+    from .launcher import SweepFailed
     launcher.prepare_store({row.job.experiment for row in rows})
-    for row in rows:
-        row.parent = searches.parent_run(row.job.experiment, row.search,
-                                         f"{'carried' if row.source else 'search'} {row.name}", row.parent_tags())
+    try:
+        for row in rows:
+            row.parent = searches.parent_run(row.job.experiment, row.search,
+                                             f"{'carried' if row.source else 'search'} {row.name}", row.parent_tags())
+    except searches.DamagedSearch as err:
+        raise ConfigError(str(err)) from None
     index = _search(launcher, [row for row in rows if row.source is None], tuning)
-    _confirm(launcher, rows, tuning, index)
+    try:
+        _confirm(launcher, rows, tuning, index)
+    except searches.DamagedSearch as err:
+        raise SweepFailed(str(err)) from None
     return []
 
 
@@ -134,7 +148,7 @@ def _search(launcher, rows: list[RowSearch], tuning: TuneConfig) -> int:
     while True:
         batch, waiting, counted = [], False, 0
         for row in rows:
-            trials = [t for t in searches.runs_of(row.job.experiment, row.search) if t.role == "trial"]
+            trials = row.runs("trial")
             counted += len(trials)
             wanted = min(tuning.trials, grid_size(row.space) or tuning.trials)
             stopped = [t for t in trials if t.state == "stopped"]
@@ -147,7 +161,9 @@ def _search(launcher, rows: list[RowSearch], tuning: TuneConfig) -> int:
             waiting |= any(t.state == "running" for t in trials)
             new = min(tuning.parallel or launcher.bound(len(rows)), wanted - len(trials))
             asked = ask(trials, row.space, tuning, max(0, new))
-            batch += [row.overrides(values, "trial", len(trials) + i) for i, values in enumerate(asked)]
+            taken = {t.number for t in trials} | searches.numbers_taken(row.job.experiment, row.search)
+            free = (n for n in itertools.count() if n not in taken)        # the lowest numbers no run holds
+            batch += [row.overrides(values, "trial", number) for values, number in zip(asked, free, strict=False)]
         if not batch and not waiting:
             return index
         if counted == known and not waiting:      # the last round's trials failed before their runs began
@@ -155,8 +171,7 @@ def _search(launcher, rows: list[RowSearch], tuning: TuneConfig) -> int:
                               "says why")
         known = counted
         if not batch:
-            print(f"ddl-run: waiting for trials another home is training ({WAIT_FOR_OTHERS_S} s)", flush=True)
-            time.sleep(WAIT_FOR_OTHERS_S)
+            _wait_for_others("trials")
             continue
         print(f"ddl-run: search round: {plural(len(batch), 'trial')}", flush=True)
         try:
@@ -166,13 +181,19 @@ def _search(launcher, rows: list[RowSearch], tuning: TuneConfig) -> int:
         index += len(batch)
 
 
+def _wait_for_others(what: str) -> None:
+    """Another home trains some of the search's runs (its claims won): wait for them, polling the store."""
+    print(f"ddl-run: waiting for {what} another home is training ({WAIT_FOR_OTHERS_S} s)", flush=True)
+    time.sleep(WAIT_FOR_OTHERS_S)
+
+
 def _best(row: RowSearch) -> None:
     """The best trial's values (a carried row: its source's, found first), recorded on the parent run."""
     from ..track import searches
     if row.source is not None:
         row.best = row.source.best
         return
-    trials = [t for t in searches.runs_of(row.job.experiment, row.search) if t.role == "trial"]
+    trials = row.runs("trial")
     complete = [t for t in trials if t.state == "complete"]
     if not complete:
         raise ConfigError(f"search {row.name}: none of its {plural(len(trials), 'trial')} finished "
@@ -234,8 +255,10 @@ def _confirm(launcher, rows: list[RowSearch], tuning: TuneConfig, index: int) ->
             except SweepFailed as err:
                 print(f"ddl-run: {err}; the confirmation goes on with the seeds that finished", flush=True)
             index += len(batch)
+        while any(t.state == "running" for row in wanted.values() for t in row.runs("confirm")):
+            _wait_for_others("confirmation runs")
         for row in wanted.values():
-            row.seeds = {t.seed: t.value for t in searches.runs_of(row.job.experiment, row.search)
+            row.seeds = {t.seed: t.value for t in row.runs("trial", "confirm")
                          if t.state == "complete" and t.values == row.best}
         for row in list(open_rows):
             base = baseline_of(row, rows)

@@ -113,11 +113,20 @@ def row_label(row: str) -> str:
 SEARCHED = "tags.ddl.trial_values"
 
 
+def json_object(text) -> dict:
+    """A tag's JSON object; {} for no tag, or for one damaged in the store (the search left that run out too)."""
+    try:
+        found = json.loads(text) if isinstance(text, str) and text else {}
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def trial_values(runs: pd.DataFrame) -> pd.Series:
-    """Each run's searched values ({} for a run of no search)."""
+    """Each run's searched values ({} for a run of no search, or whose tag is damaged)."""
     if SEARCHED not in runs:
         return pd.Series([{}] * len(runs), index=runs.index)
-    return runs[SEARCHED].map(lambda text: json.loads(text) if isinstance(text, str) and text else {})
+    return runs[SEARCHED].map(json_object)
 
 
 NOT_SETTINGS = {"params.seed", "params.model.size", "params.model.row"}

@@ -11,7 +11,8 @@ import json
 import pandas as pd
 
 from ..stats import CONFIDENCE, paired
-from .tables import BASELINE, PAPER_ROWS, Column, Table, _cell, family_and_n_h, row_label, trial_values
+from .tables import (BASELINE, PAPER_ROWS, Column, Table, _cell, family_and_n_h, json_object, row_label,
+                     trial_values)
 
 
 def _of_search(runs: pd.DataFrame, search: str) -> pd.DataFrame:
@@ -27,8 +28,9 @@ def _found(runs: pd.DataFrame, searches: pd.DataFrame) -> list[tuple[pd.Series, 
     found = []
     for _, search in searches.iterrows():
         own = _of_search(runs, search["tags.ddl.search"])
-        if not own.empty and isinstance(search.get("tags.ddl.best_values"), str):
-            found.append((search, own, json.loads(search["tags.ddl.best_values"])))
+        best = json_object(search.get("tags.ddl.best_values"))
+        if not own.empty and best:
+            found.append((search, own, best))
     return found
 
 

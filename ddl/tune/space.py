@@ -88,7 +88,8 @@ def dimension(override) -> Dimension | None:
 
 
 def split(overrides) -> tuple[list, list[Dimension]]:
-    """(the overrides that make the rows, the searched dimensions); one key searched twice is refused."""
+    """(the overrides that make the rows, the searched dimensions); one key searched twice is refused, and so
+    is a list of seeds beside a search: each seed would be a row of its own, searched again."""
     rows, space = [], []
     for override in overrides:
         found = dimension(override)
@@ -98,4 +99,21 @@ def split(overrides) -> tuple[list, list[Dimension]]:
             raise ValueError(f"{shown(found.spec())}: {found.key} searched twice; give one range per key")
         else:
             space.append(found)
+    seeds = next((o for o in rows if _key(o) == "seed" and o.is_sweep_override()), None)
+    if space and seeds is not None:
+        raise ValueError(f"seed={seeds.get_value_string()}: a seed list beside a searched key would search "
+                         f"each seed again; a search reruns its best values at tune.seeds seeds (e.g. tune.seeds=3)")
     return rows, space
+
+
+def _key(override) -> str:
+    """An override's key without its + / ++ / ~ (`+variant=x` and `variant=x` name one key)."""
+    return override.get_key_element().lstrip("~+")
+
+
+def split_sweep_params(params: dict, given) -> tuple[dict, list[str]]:
+    """A named sweep's `hydra.sweeper.params` less the keys the command line gives (parsed overrides), as
+    Hydra's own sweepers let the command line win: (the params kept, the keys replaced)."""
+    keys = {_key(o) for o in given}
+    kept = {k: v for k, v in params.items() if k.lstrip("~+") not in keys}
+    return kept, [k for k in params if k not in kept]

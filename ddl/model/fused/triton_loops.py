@@ -16,7 +16,6 @@ Layouts:
   gradient): elementwise along d; a program writes its tile's own partial of the taps' gradient.
 - chunks (the read's and the expansion's backwards, the norm's): one program walks TOKENS_PER_CHUNK
   tokens in order into a partial of its own.
-Warps and feature blocks are tuned (triton.autotune) on the GPU at each kernel's first launch.
 Partials are summed by torch in order: no atomics, the same bits on every run of a shape.
 
 The read and the expansion are torch.library.triton_ops (torch.compile traces into them); every other
@@ -25,7 +24,6 @@ ddl.model.fused does so on the CUDA path only. Under TRITON_INTERPRET=1 (set bef
 kernels run on CPU tensors, as the tests do.
 """
 
-import os
 from typing import Optional
 
 import torch
@@ -34,174 +32,16 @@ import triton.language as tl
 from torch.library import custom_op, triton_op, wrap_triton
 
 TOKENS_PER_CHUNK = 64       # tokens a backward program sums the taps' gradient over, in order
+# Warps of a program: a row kernel's (rows of up to 1024 features), a norm's, a tile's. Fixed: on the H100
+# (2026-11-26) triton.autotune over 1-16 warps picked slower kernels than these for the norm, the rank-1 read and
+# d_v=1's update (noisy timings of short kernels), took a d_v=4 model's first step from 16 to 27 s, and let two
+# processes of one run pick different kernels (different rounding: a resumed run's curve drifts).
+ROW_WARPS, NORM_WARPS, TILE_WARPS = 4, 4, 4
+
 FEATURES_PER_BLOCK = 64     # features (along d) per program of the depthwise ops
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _tuned(*configs: tuple[int, dict], key: list[str]):
-    """triton.autotune over these (num_warps, meta-parameters) choices, timed on the GPU at a kernel's first launch for
-    each value of `key`; under the interpreter only the first (its timing means nothing there)."""
-    choices = [triton.Config(meta, num_warps=warps) for warps, meta in configs]
-    return triton.autotune(configs=choices[:1] if INTERPRETED else choices, key=key)
-
-
-# A row kernel's (warps, rows of tokens a program); under the interpreter the first
-ROW_CHOICES = [(4, {"ROWS": 4}), (8, {"ROWS": 4}), (8, {"ROWS": 8}), (4, {"ROWS": 2}), (4, {"ROWS": 1}),
-               (16, {"ROWS": 8})]
-
-# ---- the update, DeltaKey and DeltaWrite: ROWS tokens a program, their DV channels' rows of d one after another, as
-# (ROWS, d) tiles: every sum is over d (per token) or over the unrolled channels ----
-
-
-@triton.jit
-def _row_tile(N, d, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """This program's ROWS tokens and the features, with their masks."""
-    n = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    i = tl.arange(0, BLOCK_D)
-    in_n, in_d = n < N, i < d
-    return n, i, in_n, in_d, in_n[:, None] & in_d[None, :]
-
-
-@triton.jit
-def _row(X, n, sXn, sXj, j, i, valid, in_d):
-    """Tokens n's channel j rows of a state with strides sXn (tokens) and sXj (channels; 0: repeated), fp32."""
-    return tl.load(X + n[:, None] * sXn + j * sXj + i[None, :], mask=valid[:, None] & in_d[None, :],
-                   other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _at(x, index, valid):
-    """x[index] per token, fp32 (0 where not valid)."""
-    return tl.load(x + index, mask=valid, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _key_norm(k, eps2):
-    """rho = 1 / sqrt(|k~|^2 + eps^2) per token, fp32 (inductor passes the float eps2 as fp64)."""
-    return (1.0 / tl.sqrt(tl.sum(k * k, axis=1) + eps2)).to(tl.float32)
-
-
-@_tuned(*ROW_CHOICES, key=["d", "DV"])
-@triton.jit
-def _update_forward_kernel(X, h, beta, v, X_new, w, rho, q, eps2, sXn, sXj, N, d, STORE_STATE: tl.constexpr,
-                           DV: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One update per token: X_new (when STORE_STATE; else only w, rho, q: DeltaKey's), w, rho, q."""
-    n, i, in_n, in_d, in_tile = _row_tile(N, d, ROWS, BLOCK_D)
-    k = _tile_rows(h, n, in_n, i, in_d, d)
-    b, r = _at(beta, n, in_n), _key_norm(k, eps2)
-    tl.store(rho + n, r.to(rho.dtype.element_ty), mask=in_n)
-    for j in tl.static_range(DV):
-        X_j = _row(X, n, sXn, sXj, j, i, in_n, in_d)
-        q_j = tl.sum(X_j * k, axis=1)
-        w_j = b * r * (_at(v, n * DV + j, in_n) - r * q_j)
-        tl.store(q + n * DV + j, q_j.to(q.dtype.element_ty), mask=in_n)
-        tl.store(w + n * DV + j, w_j.to(w.dtype.element_ty), mask=in_n)
-        if STORE_STATE:
-            X_j += w_j[:, None] * k
-            tl.store(X_new + (n[:, None] * DV + j) * d + i[None, :], X_j.to(X_new.dtype.element_ty), mask=in_tile)
-
-
-@triton.jit
-def _channel_backward(G_j, X_j, k, b, r, v_j, q_j, g_w_j):
-    """One channel's share of the update's backward, per token: dL/dw_j = G_j . k~ + g_w_j, then (dL/dX_j, dL/dv_j, its
-    terms of dL/dbeta and dL/drho, and of dL/dk~ beside -rho^3 k~ dL/drho: w_j G_j + g_q_j X_j)."""
-    g_w_j += tl.sum(G_j * k, axis=1)
-    res = v_j - r * q_j                                            # v_j - k^T X_j
-    g_res = g_w_j * b * r                                          # = dL/dv_j
-    g_q = -g_res * r
-    return (G_j + g_q[:, None] * k, g_res, g_w_j * r * res, g_w_j * b * res - g_res * q_j,
-            (b * r * res)[:, None] * G_j + g_q[:, None] * X_j)
-
-
-@triton.jit
-def _store_key_gradients(g_h, g_beta, g_k, g_b, g_r, k, r, n, i, in_n, in_tile, d):
-    """dL/dk~ (the channels' terms and -rho^3 k~ dL/drho) and dL/dbeta."""
-    tl.store(g_h + n[:, None] * d + i[None, :], (g_k - (g_r * r * r * r)[:, None] * k).to(g_h.dtype.element_ty),
-             mask=in_tile)
-    tl.store(g_beta + n, g_b.to(g_beta.dtype.element_ty), mask=in_n)
-
-
-@_tuned(*ROW_CHOICES, key=["d", "DV"])
-@triton.jit
-def _update_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, sXn, sXj, N, d,
-                            HAS_G_W: tl.constexpr, DV: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    n, i, in_n, in_d, in_tile = _row_tile(N, d, ROWS, BLOCK_D)
-    k = _tile_rows(h, n, in_n, i, in_d, d)
-    b, r = _at(beta, n, in_n), _at(rho, n, in_n)
-    g_k = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
-    g_b, g_r = tl.zeros((ROWS,), dtype=tl.float32), tl.zeros((ROWS,), dtype=tl.float32)
-    for j in tl.static_range(DV):
-        g_w_j = _at(g_w, n * DV + j, in_n) if HAS_G_W else tl.zeros((ROWS,), dtype=tl.float32)
-        g_X_j, g_v_j, g_b_j, g_r_j, g_k_j = _channel_backward(
-            _tile_rows(G, n * DV + j, in_n, i, in_d, d), _row(X, n, sXn, sXj, j, i, in_n, in_d), k, b, r,
-            _at(v, n * DV + j, in_n), _at(q, n * DV + j, in_n), g_w_j)
-        tl.store(g_X + (n[:, None] * DV + j) * d + i[None, :], g_X_j.to(g_X.dtype.element_ty), mask=in_tile)
-        tl.store(g_v + n * DV + j, g_v_j.to(g_v.dtype.element_ty), mask=in_n)
-        g_b, g_r, g_k = g_b + g_b_j, g_r + g_r_j, g_k + g_k_j
-    _store_key_gradients(g_h, g_beta, g_k, g_b, g_r, k, r, n, i, in_n, in_tile, d)
-
-
-# ---- a d_v > 1 block's second update (DeltaWrite): the mid state X + w_a k~_a^T rebuilt per token, updated, and
-# read by the next block's taps over the last L tokens (each rebuilt where the read needs it). A_lag: the taps by lag,
-# (L, DV, d) contiguous ----
-
-@_tuned(*ROW_CHOICES, key=["d", "DV", "L"])
-@triton.jit
-def _write_forward_kernel(X, h_a, w_a, h, beta, v, A_lag, X_new, w, rho, q, x_next, eps2, sXn, sXj, N, T, d,
-                          STORE_STATE: tl.constexpr, L: tl.constexpr, DV: tl.constexpr, ROWS: tl.constexpr,
-                          BLOCK_D: tl.constexpr):
-    n, i, in_n, in_d, in_tile = _row_tile(N, d, ROWS, BLOCK_D)
-    read = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
-    for lag in tl.static_range(L):
-        seen = in_n & (lag <= n % T)                               # t - lag within the sequence
-        s = n - lag
-        k_a, k = _tile_rows(h_a, s, seen, i, in_d, d), _tile_rows(h, s, seen, i, in_d, d)
-        b, r = _at(beta, s, seen), _key_norm(k, eps2)
-        for j in tl.static_range(DV):
-            X_j = _row(X, s, sXn, sXj, j, i, seen, in_d) + _at(w_a, s * DV + j, seen)[:, None] * k_a
-            q_j = tl.sum(X_j * k, axis=1)
-            w_j = b * r * (_at(v, s * DV + j, seen) - r * q_j)
-            out_j = tl.where(seen[:, None], X_j + w_j[:, None] * k, 0.0)
-            read += tl.load(A_lag + (lag * DV + j) * d + i, mask=in_d, other=0.0).to(tl.float32)[None, :] * out_j
-            if lag == 0:
-                tl.store(q + n * DV + j, q_j.to(q.dtype.element_ty), mask=in_n)
-                tl.store(w + n * DV + j, w_j.to(w.dtype.element_ty), mask=in_n)
-                if STORE_STATE:
-                    tl.store(X_new + (n[:, None] * DV + j) * d + i[None, :], out_j.to(X_new.dtype.element_ty),
-                             mask=in_tile)
-        if lag == 0:
-            tl.store(rho + n, r.to(rho.dtype.element_ty), mask=in_n)
-    tl.store(x_next + n[:, None] * d + i[None, :], read.to(x_next.dtype.element_ty), mask=in_tile)
-
-
-@_tuned(*ROW_CHOICES, key=["d", "DV", "L"])
-@triton.jit
-def _write_backward_kernel(G, g_w, g_next, X, h_a, w_a, h, beta, v, rho, q, A_lag, G_mid, g_h, g_beta, g_v, sXn, sXj,
-                           N, T, d, HAS_G: tl.constexpr, HAS_G_W: tl.constexpr, L: tl.constexpr, DV: tl.constexpr,
-                           ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """dL/dX_out (G, or zero) plus the read's sum over lag of A_lag * g_next[t+lag], then the update's backward at the
-    rebuilt mid state: dL/dX_mid, dL/dk~, dL/dbeta, dL/dv. (The taps' gradient: _write_taps_kernel.)"""
-    n, i, in_n, in_d, in_tile = _row_tile(N, d, ROWS, BLOCK_D)
-    k_a, k = _tile_rows(h_a, n, in_n, i, in_d, d), _tile_rows(h, n, in_n, i, in_d, d)
-    b, r = _at(beta, n, in_n), _at(rho, n, in_n)
-    g_k = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
-    g_b, g_r = tl.zeros((ROWS,), dtype=tl.float32), tl.zeros((ROWS,), dtype=tl.float32)
-    for j in tl.static_range(DV):
-        G_j = _tile_rows(G, n * DV + j, in_n, i, in_d, d) if HAS_G else tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
-        for lag in tl.static_range(L):                             # X_out[t] feeds the read at t + lag
-            a = tl.load(A_lag + (lag * DV + j) * d + i, mask=in_d, other=0.0).to(tl.float32)
-            G_j += a[None, :] * _tile_rows(g_next, n + lag, in_n & (n % T + lag < T), i, in_d, d)
-        X_j = _row(X, n, sXn, sXj, j, i, in_n, in_d) + _at(w_a, n * DV + j, in_n)[:, None] * k_a
-        g_w_j = _at(g_w, n * DV + j, in_n) if HAS_G_W else tl.zeros((ROWS,), dtype=tl.float32)
-        G_j, g_v_j, g_b_j, g_r_j, g_k_j = _channel_backward(G_j, X_j, k, b, r, _at(v, n * DV + j, in_n),
-                                                             _at(q, n * DV + j, in_n), g_w_j)
-        tl.store(G_mid + (n[:, None] * DV + j) * d + i[None, :], G_j.to(G_mid.dtype.element_ty), mask=in_tile)
-        tl.store(g_v + n * DV + j, g_v_j.to(g_v.dtype.element_ty), mask=in_n)
-        g_b, g_r, g_k = g_b + g_b_j, g_r + g_r_j, g_k + g_k_j
-    _store_key_gradients(g_h, g_beta, g_k, g_b, g_r, k, r, n, i, in_n, in_tile, d)
-
-
-# ---- the DeltaProduct steps' helpers: one program per token n, its (dv, d) tile in registers ----
+# ---- the update: one program per token n, its (dv, d) tile in registers ----
 
 @triton.jit
 def _step_inputs(h, beta, v, row, j, i, in_dv, in_d, dv, d):
@@ -270,6 +110,148 @@ def _step_backward(G_n, g_w_n, X_n, k, b, v_n, r, q_n):
     # through rho: -rho^3 k~; then sum_j w_j G_j + g_q_j X_j
     g_k = -g_r * r * r * r * k + tl.sum(w_n[:, None] * G_n + g_q[:, None] * X_n, axis=0)
     return G_n + g_q[:, None] * k[None, :], g_k, g_b, g_res
+
+
+@triton.jit
+def _store_step(w, rho, q, w_n, r, q_n, row, j, in_dv, dv):
+    tl.store(w + row * dv + j, w_n.to(w.dtype.element_ty), mask=in_dv)
+    tl.store(q + row * dv + j, q_n.to(q.dtype.element_ty), mask=in_dv)
+    tl.store(rho + row, r.to(rho.dtype.element_ty))
+
+
+# ---- the update, DeltaKey and DeltaWrite: one program per token, its DV channels' rows of d one after another (each
+# a 1-D vector, so every sum is over d or over the unrolled channels: no transpose of a (dv, d) tile) ----
+
+@triton.jit
+def _token_row(d, BLOCK_D: tl.constexpr):
+    """This program's token and the features of a row, with their mask."""
+    n = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK_D)
+    return n, i, i < d
+
+
+@triton.jit
+def _row(X, n, sXn, sXj, j, i, in_d):
+    """Token n's channel j row of a state with strides sXn (tokens) and sXj (channels; 0: repeated), fp32."""
+    return tl.load(X + n * sXn + j * sXj + i, mask=in_d, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _vec(x, n, i, in_d, d):
+    """Row n of a (N, d) tensor, fp32."""
+    return tl.load(x + n * d + i, mask=in_d, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _key_norm(k, eps2):
+    """rho = 1 / sqrt(|k~|^2 + eps^2), fp32 (inductor passes the float eps2 as fp64)."""
+    return (1.0 / tl.sqrt(tl.sum(k * k) + eps2)).to(tl.float32)
+
+
+@triton.jit
+def _update_forward_kernel(X, h, beta, v, X_new, w, rho, q, eps2, sXn, sXj, d, STORE_STATE: tl.constexpr,
+                           DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One update per token: X_new (when STORE_STATE; else only w, rho, q: DeltaKey's), w, rho, q."""
+    n, i, in_d = _token_row(d, BLOCK_D)
+    k = _vec(h, n, i, in_d, d)
+    b, r = tl.load(beta + n).to(tl.float32), _key_norm(k, eps2)
+    tl.store(rho + n, r.to(rho.dtype.element_ty))
+    for j in tl.static_range(DV):
+        X_j = _row(X, n, sXn, sXj, j, i, in_d)
+        q_j = tl.sum(X_j * k)
+        w_j = b * r * (tl.load(v + n * DV + j).to(tl.float32) - r * q_j)
+        tl.store(q + n * DV + j, q_j.to(q.dtype.element_ty))
+        tl.store(w + n * DV + j, w_j.to(w.dtype.element_ty))
+        if STORE_STATE:
+            tl.store(X_new + (n * DV + j) * d + i, (X_j + w_j * k).to(X_new.dtype.element_ty), mask=in_d)
+
+
+@triton.jit
+def _channel_backward(G_j, X_j, k, b, r, v_j, q_j, g_w_j):
+    """One channel's share of the update's backward: dL/dw_j = G_j . k~ + g_w_j, then (dL/dX_j, dL/dv_j, its terms of
+    dL/dbeta and dL/drho, and of dL/dk~ beside -rho^3 k~ dL/drho: w_j G_j + g_q_j X_j)."""
+    g_w_j += tl.sum(G_j * k)
+    res = v_j - r * q_j                                            # v_j - k^T X_j
+    g_res = g_w_j * b * r                                          # = dL/dv_j
+    g_q = -g_res * r
+    return (G_j + g_q * k, g_res, g_w_j * r * res, g_w_j * b * res - g_res * q_j, (b * r * res) * G_j + g_q * X_j)
+
+
+@triton.jit
+def _update_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, sXn, sXj, d,
+                            HAS_G_W: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    n, i, in_d = _token_row(d, BLOCK_D)
+    k = _vec(h, n, i, in_d, d)
+    b, r = tl.load(beta + n).to(tl.float32), tl.load(rho + n).to(tl.float32)
+    g_k = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    g_b, g_r = 0.0, 0.0
+    for j in tl.static_range(DV):
+        g_w_j = tl.load(g_w + n * DV + j).to(tl.float32) if HAS_G_W else 0.0
+        g_X_j, g_v_j, g_b_j, g_r_j, g_k_j = _channel_backward(
+            _vec(G, n * DV + j, i, in_d, d), _row(X, n, sXn, sXj, j, i, in_d), k, b, r,
+            tl.load(v + n * DV + j).to(tl.float32), tl.load(q + n * DV + j).to(tl.float32), g_w_j)
+        tl.store(g_X + (n * DV + j) * d + i, g_X_j.to(g_X.dtype.element_ty), mask=in_d)
+        tl.store(g_v + n * DV + j, g_v_j.to(g_v.dtype.element_ty))
+        g_b, g_r, g_k = g_b + g_b_j, g_r + g_r_j, g_k + g_k_j
+    tl.store(g_h + n * d + i, (g_k - g_r * r * r * r * k).to(g_h.dtype.element_ty), mask=in_d)   # through rho
+    tl.store(g_beta + n, g_b.to(g_beta.dtype.element_ty))
+
+
+# ---- a d_v > 1 block's second update (DeltaWrite): the mid state X + w_a k~_a^T rebuilt per token, updated, and
+# read by the next block's taps over the last L tokens (each rebuilt where the read needs it). A_lag: the taps by lag,
+# (L, DV, d) contiguous ----
+
+@triton.jit
+def _write_forward_kernel(X, h_a, w_a, h, beta, v, A_lag, X_new, w, rho, q, x_next, eps2, sXn, sXj, T, d,
+                          STORE_STATE: tl.constexpr, L: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    n, i, in_d = _token_row(d, BLOCK_D)
+    read = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for lag in tl.static_range(L):
+        if lag <= n % T:                                           # t - lag within the sequence
+            s = n - lag
+            k_a, k = _vec(h_a, s, i, in_d, d), _vec(h, s, i, in_d, d)
+            b, r = tl.load(beta + s).to(tl.float32), _key_norm(k, eps2)
+            for j in tl.static_range(DV):
+                X_j = _row(X, s, sXn, sXj, j, i, in_d) + tl.load(w_a + s * DV + j).to(tl.float32) * k_a
+                q_j = tl.sum(X_j * k)
+                w_j = b * r * (tl.load(v + s * DV + j).to(tl.float32) - r * q_j)
+                out_j = X_j + w_j * k
+                read += _vec(A_lag, lag * DV + j, i, in_d, d) * out_j
+                if lag == 0:
+                    tl.store(q + n * DV + j, q_j.to(q.dtype.element_ty))
+                    tl.store(w + n * DV + j, w_j.to(w.dtype.element_ty))
+                    if STORE_STATE:
+                        tl.store(X_new + (n * DV + j) * d + i, out_j.to(X_new.dtype.element_ty), mask=in_d)
+            if lag == 0:
+                tl.store(rho + n, r.to(rho.dtype.element_ty))
+    tl.store(x_next + n * d + i, read.to(x_next.dtype.element_ty), mask=in_d)
+
+
+@triton.jit
+def _write_backward_kernel(G, g_w, g_next, X, h_a, w_a, h, beta, v, rho, q, A_lag, G_mid, g_h, g_beta, g_v, sXn, sXj,
+                           T, d, HAS_G: tl.constexpr, HAS_G_W: tl.constexpr, L: tl.constexpr, DV: tl.constexpr,
+                           BLOCK_D: tl.constexpr):
+    """dL/dX_out (G, or zero) plus the read's sum over lag of A_lag * g_next[t+lag], then the update's backward at the
+    rebuilt mid state: dL/dX_mid, dL/dk~, dL/dbeta, dL/dv. (The taps' gradient: _write_taps_kernel.)"""
+    n, i, in_d = _token_row(d, BLOCK_D)
+    k_a, k = _vec(h_a, n, i, in_d, d), _vec(h, n, i, in_d, d)
+    b, r = tl.load(beta + n).to(tl.float32), tl.load(rho + n).to(tl.float32)
+    g_k = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    g_b, g_r = 0.0, 0.0
+    for j in tl.static_range(DV):
+        G_j = _vec(G, n * DV + j, i, in_d, d) if HAS_G else tl.zeros((BLOCK_D,), dtype=tl.float32)
+        for lag in tl.static_range(L):
+            if n % T + lag < T:                                    # X_out[t] feeds the read at t + lag
+                G_j += _vec(A_lag, lag * DV + j, i, in_d, d) * _vec(g_next, n + lag, i, in_d, d)
+        X_j = _row(X, n, sXn, sXj, j, i, in_d) + tl.load(w_a + n * DV + j).to(tl.float32) * k_a
+        g_w_j = tl.load(g_w + n * DV + j).to(tl.float32) if HAS_G_W else 0.0
+        G_j, g_v_j, g_b_j, g_r_j, g_k_j = _channel_backward(G_j, X_j, k, b, r, tl.load(v + n * DV + j).to(tl.float32),
+                                                             tl.load(q + n * DV + j).to(tl.float32), g_w_j)
+        tl.store(G_mid + (n * DV + j) * d + i, G_j.to(G_mid.dtype.element_ty), mask=in_d)
+        tl.store(g_v + n * DV + j, g_v_j.to(g_v.dtype.element_ty))
+        g_b, g_r, g_k = g_b + g_b_j, g_r + g_r_j, g_k + g_k_j
+    tl.store(g_h + n * d + i, (g_k - g_r * r * r * r * k).to(g_h.dtype.element_ty), mask=in_d)
+    tl.store(g_beta + n, g_b.to(g_beta.dtype.element_ty))
 
 
 # ---- a DeltaProduct sublayer's S updates: one program per token, its tile in registers from step to step;
@@ -445,114 +427,119 @@ def _store_tap_gradient(partials, value, j, lag, i, in_d, L, dv, d):
     tl.store(partials + tl.program_id(0).to(tl.int64) * dv * d * L + (j * d + i) * L + (L - 1 - lag), value, mask=in_d)
 
 
-TILE_CHOICES = [(4, {"BLOCK_D": 128}), (8, {"BLOCK_D": 128}), (4, {"BLOCK_D": 64}), (8, {"BLOCK_D": 256})]
-
-
-@_tuned(*TILE_CHOICES, key=["d", "DV", "L"])
 @triton.jit
-def _rank_one_forward_kernel(w, h, A_lag, x, N, T, d, L: tl.constexpr, DV: tl.constexpr, TOK: tl.constexpr,
-                             BLOCK_D: tl.constexpr):
+def _rank_one_forward_kernel(w, h, A_lag, x, N, T, L, dv, d, TOK: tl.constexpr, BLOCK_D: tl.constexpr):
     """x[t] = sum over lag of (sum_j w[t-lag, j] A[j, :, L-1-lag]) * k~[t-lag]."""
     n, i, in_n, in_d, in_tile = _token_tile(N, d, TOK, BLOCK_D)
     out = tl.zeros((TOK, BLOCK_D), dtype=tl.float32)
-    for lag in tl.static_range(L):
+    for lag in range(L):
         seen = in_n & (lag <= n % T)
         src = n - lag
         coefficient = tl.zeros((TOK, BLOCK_D), dtype=tl.float32)
-        for j in tl.static_range(DV):
-            coefficient += _at(w, src * DV + j, seen)[:, None] * _tap(A_lag, j, lag, i, in_d, DV, d)[None, :]
+        for j in range(dv):
+            w_j = tl.load(w + src * dv + j, mask=seen, other=0.0).to(tl.float32)
+            coefficient += w_j[:, None] * _tap(A_lag, j, lag, i, in_d, dv, d)[None, :]
         out += coefficient * _tile_rows(h, src, seen, i, in_d, d)
     tl.store(x + n[:, None] * d + i[None, :], out.to(x.dtype.element_ty), mask=in_tile)
 
 
-@_tuned((4, {}), (8, {}), (2, {}), key=["d", "DV", "L"])
 @triton.jit
-def _rank_one_backward_kernel(g, w, h, A_lag, g_w_partials, g_h, partials, N, T, d, L: tl.constexpr,
-                              DV: tl.constexpr, TOK: tl.constexpr, BLOCK_D: tl.constexpr):
-    """With through_j[t] = sum over lag of g[t+lag] A_lag[j]: g_k~[t] = sum_j w[t, j] through_j[t], this feature block's
-    share of g_w[t, j] = through_j[t] . k~[t], and this tile's sum_t w[t, j] g[t+lag] k~[t] per tap."""
+def _rank_one_backward_kernel(g, w, h, A_lag, g_w_partials, g_h, partials, N, T, L, dv, d, TOK: tl.constexpr,
+                              BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr):
+    """With P = g[t+lag] * k~[t]: g_k~[t] = sum over lag of g[t+lag] (sum_j w[t, j] A_lag[j]), this feature block's
+    share of g_w[t, j] = sum over lag, i of P A_lag[j], and this tile's sum_t w[t, j] P per tap."""
     n, i, in_n, in_d, in_tile = _token_tile(N, d, TOK, BLOCK_D)
+    jj = tl.arange(0, BLOCK_DV)
     k = _tile_rows(h, n, in_n, i, in_d, d)
     g_k = tl.zeros((TOK, BLOCK_D), dtype=tl.float32)
-    for j in tl.static_range(DV):
-        w_j = _at(w, n * DV + j, in_n)
-        through = tl.zeros((TOK, BLOCK_D), dtype=tl.float32)
-        for lag in tl.static_range(L):
-            g_ahead = _tile_rows(g, n + lag, in_n & (n % T + lag < T), i, in_d, d)
-            through += g_ahead * _tap(A_lag, j, lag, i, in_d, DV, d)[None, :]
-            _store_tap_gradient(partials, tl.sum(w_j[:, None] * g_ahead * k, axis=0), j, lag, i, in_d, L, DV, d)
-        tl.store(g_w_partials + (tl.program_id(1) * N + n) * DV + j, tl.sum(through * k, axis=1), mask=in_n)
-        g_k += w_j[:, None] * through
+    g_w = tl.zeros((TOK, BLOCK_DV), dtype=tl.float32)
+    for lag in range(L):
+        g_ahead = _tile_rows(g, n + lag, in_n & (n % T + lag < T), i, in_d, d)
+        P = g_ahead * k
+        coefficient = tl.zeros((TOK, BLOCK_D), dtype=tl.float32)
+        for j in range(dv):
+            a = _tap(A_lag, j, lag, i, in_d, dv, d)
+            w_j = tl.load(w + n * dv + j, mask=in_n, other=0.0).to(tl.float32)
+            coefficient += w_j[:, None] * a[None, :]
+            g_w += tl.where(jj[None, :] == j, tl.sum(P * a[None, :], axis=1)[:, None], 0.0)
+            _store_tap_gradient(partials, tl.sum(w_j[:, None] * P, axis=0), j, lag, i, in_d, L, dv, d)
+        g_k += g_ahead * coefficient
     tl.store(g_h + n[:, None] * d + i[None, :], g_k.to(g_h.dtype.element_ty), mask=in_tile)
+    tl.store(g_w_partials + (tl.program_id(1) * N + n[:, None]) * dv + jj[None, :], g_w,
+             mask=in_n[:, None] & (jj < dv)[None, :])
 
 
-@_tuned(*TILE_CHOICES, key=["d", "DV", "L"])
 @triton.jit
-def _write_taps_kernel(g_next, X, h_a, w_a, h, beta, v, rho, q, partials, sXn, sXj, N, T, d, L: tl.constexpr,
-                       DV: tl.constexpr, TOK: tl.constexpr, BLOCK_D: tl.constexpr):
+def _write_taps_kernel(g_next, X, h_a, w_a, h, beta, v, rho, q, partials, sXn, sXj, N, T, L, dv, d,
+                       TOK: tl.constexpr, BLOCK_D: tl.constexpr):
     """DeltaWrite's taps' gradient, this tile's sum_t X_out[t, j] * g_next[t+lag] per tap, with
     X_out = X + w_a k~_a^T + w k~^T rebuilt per feature block (w = beta rho (v - rho q) from the saved rho, q)."""
     n, i, in_n, in_d, in_tile = _token_tile(N, d, TOK, BLOCK_D)
     k_a, k = _tile_rows(h_a, n, in_n, i, in_d, d), _tile_rows(h, n, in_n, i, in_d, d)
-    b, r = _at(beta, n, in_n), _at(rho, n, in_n)
-    for j in tl.static_range(DV):
-        w_j = b * r * (_at(v, n * DV + j, in_n) - r * _at(q, n * DV + j, in_n))
-        out = _row(X, n, sXn, sXj, j, i, in_n, in_d) + _at(w_a, n * DV + j, in_n)[:, None] * k_a + w_j[:, None] * k
-        for lag in tl.static_range(L):
+    b = tl.load(beta + n, mask=in_n, other=0.0).to(tl.float32)
+    r = tl.load(rho + n, mask=in_n, other=0.0).to(tl.float32)
+    for j in range(dv):
+        w_aj = tl.load(w_a + n * dv + j, mask=in_n, other=0.0).to(tl.float32)
+        v_j = tl.load(v + n * dv + j, mask=in_n, other=0.0).to(tl.float32)
+        q_j = tl.load(q + n * dv + j, mask=in_n, other=0.0).to(tl.float32)
+        X_j = tl.load(X + n[:, None] * sXn + j * sXj + i[None, :], mask=in_tile, other=0.0).to(tl.float32)
+        out = X_j + w_aj[:, None] * k_a + (b * r * (v_j - r * q_j))[:, None] * k
+        for lag in range(L):
             g_ahead = _tile_rows(g_next, n + lag, in_n & (n % T + lag < T), i, in_d, d)
-            _store_tap_gradient(partials, tl.sum(out * g_ahead, axis=0), j, lag, i, in_d, L, DV, d)
+            _store_tap_gradient(partials, tl.sum(out * g_ahead, axis=0), j, lag, i, in_d, L, dv, d)
 
 
 # ---- a sublayer's RMSNorm with the gates' maps of its output and input (norm_projections): one row a program ----
 
-NORM_CHOICES = [(4, {"ROWS": 4}), (8, {"ROWS": 8}), (4, {"ROWS": 8}), (4, {"ROWS": 2}), (2, {"ROWS": 1})]
-
-
-@_tuned(*NORM_CHOICES, key=["d", "NC", "NX"])
 @triton.jit
-def _norm_forward_kernel(x, g, W_c, W_x, c, l_c, l_x, rho, eps, N, d, NC: tl.constexpr, NX: tl.constexpr,
-                         ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+def _norm_forward_kernel(x, g, W_c, W_x, c, l_c, l_x, rho, eps, nc, nx, d, BLOCK_C: tl.constexpr,
+                         BLOCK_X: tl.constexpr, BLOCK_D: tl.constexpr):
     """c = x rho g, rho = 1/sqrt(mean(x^2) + eps); l_c = c W_c^T and l_x = x W_x^T from the fp32 c and x."""
-    n, i, in_n, in_d, in_tile = _row_tile(N, d, ROWS, BLOCK_D)
-    x_n = _tile_rows(x, n, in_n, i, in_d, d)
-    r = 1.0 / tl.sqrt(tl.sum(x_n * x_n, axis=1) / d + eps)
-    c_n = x_n * r[:, None] * tl.load(g + i, mask=in_d, other=0.0).to(tl.float32)[None, :]
-    tl.store(c + n[:, None] * d + i[None, :], c_n.to(c.dtype.element_ty), mask=in_tile)
-    tl.store(rho + n, r, mask=in_n)
-    for k in tl.static_range(NC):
-        W_k = tl.load(W_c + k * d + i, mask=in_d, other=0.0).to(tl.float32)
-        tl.store(l_c + n * NC + k, tl.sum(c_n * W_k[None, :], axis=1), mask=in_n)
-    for k in tl.static_range(NX):
-        W_k = tl.load(W_x + k * d + i, mask=in_d, other=0.0).to(tl.float32)
-        tl.store(l_x + n * NX + k, tl.sum(x_n * W_k[None, :], axis=1), mask=in_n)
+    n, i, in_d = _token_row(d, BLOCK_D)
+    x_n = _vec(x, n, i, in_d, d)
+    r = 1.0 / tl.sqrt(tl.sum(x_n * x_n) / d + eps)
+    c_n = x_n * r * tl.load(g + i, mask=in_d, other=0.0).to(tl.float32)
+    tl.store(c + n * d + i, c_n.to(c.dtype.element_ty), mask=in_d)
+    tl.store(rho + n, r)
+    kc, kx = tl.arange(0, BLOCK_C), tl.arange(0, BLOCK_X)
+    W_cn = tl.load(W_c + kc[:, None] * d + i[None, :], mask=(kc < nc)[:, None] & in_d[None, :], other=0.0)
+    tl.store(l_c + n * nc + kc, tl.sum(W_cn.to(tl.float32) * c_n[None, :], axis=1), mask=kc < nc)
+    W_xn = tl.load(W_x + kx[:, None] * d + i[None, :], mask=(kx < nx)[:, None] & in_d[None, :], other=0.0)
+    tl.store(l_x + n * nx + kx, tl.sum(W_xn.to(tl.float32) * x_n[None, :], axis=1), mask=kx < nx)
 
 
-@_tuned(*NORM_CHOICES[:4], key=["d", "NC", "NX"])
 @triton.jit
-def _norm_backward_kernel(g_c, g_lc, g_lx, x, g, W_c, W_x, rho, g_x, partials, N, d, NC: tl.constexpr,
-                          NX: tl.constexpr, TOKENS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """dL/dx, ROWS tokens at a time over this program's TOKENS, and the chunk's partial of dL/dg. With
-    G = dL/dc + W_c^T dL/dl_c: dL/dx = rho G g - rho^3 x (G g . x) / d + W_x^T dL/dl_x, dL/dg = sum_t G x rho."""
+def _norm_backward_kernel(g_c, g_lc, g_lx, x, g, W_c, W_x, rho, g_x, partials, N, nc, nx, d, TOKENS: tl.constexpr,
+                          BLOCK_C: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dL/dx per token; this chunk's partial sums of dL/dg, dL/dW_c, dL/dW_x, stored (1 + nc + nx, d) at
+    partials[chunk]. With G = dL/dc + W_c^T dL/dl_c: dL/dx = rho G g - rho^3 x (G g . x) / d + W_x^T dL/dl_x."""
     i = tl.arange(0, BLOCK_D)
     in_d = i < d
+    kc, kx = tl.arange(0, BLOCK_C), tl.arange(0, BLOCK_X)
+    in_c, in_x = (kc < nc)[:, None] & in_d[None, :], (kx < nx)[:, None] & in_d[None, :]
     gain = tl.load(g + i, mask=in_d, other=0.0).to(tl.float32)
+    W_cn = tl.load(W_c + kc[:, None] * d + i[None, :], mask=in_c, other=0.0).to(tl.float32)
+    W_xn = tl.load(W_x + kx[:, None] * d + i[None, :], mask=in_x, other=0.0).to(tl.float32)
     g_gain = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    g_Wc = tl.zeros((BLOCK_C, BLOCK_D), dtype=tl.float32)
+    g_Wx = tl.zeros((BLOCK_X, BLOCK_D), dtype=tl.float32)
     first = tl.program_id(0).to(tl.int64) * TOKENS
-    for start in tl.range(0, TOKENS, ROWS):
-        n = first + start + tl.arange(0, ROWS)
-        in_n = n < N
-        in_tile = in_n[:, None] & in_d[None, :]
-        x_n, r = _tile_rows(x, n, in_n, i, in_d, d), _at(rho, n, in_n)
-        G = _tile_rows(g_c, n, in_n, i, in_d, d)
-        for k in tl.static_range(NC):
-            G += _at(g_lc, n * NC + k, in_n)[:, None] * tl.load(W_c + k * d + i, mask=in_d, other=0.0)[None, :]
-        slope = -r * r * r * tl.sum(G * gain[None, :] * x_n, axis=1) / d
-        g_x_n = r[:, None] * G * gain[None, :] + slope[:, None] * x_n
-        for k in tl.static_range(NX):
-            g_x_n += _at(g_lx, n * NX + k, in_n)[:, None] * tl.load(W_x + k * d + i, mask=in_d, other=0.0)[None, :]
-        tl.store(g_x + n[:, None] * d + i[None, :], g_x_n.to(g_x.dtype.element_ty), mask=in_tile)
-        g_gain += tl.sum(G * x_n * r[:, None], axis=0)
-    tl.store(partials + tl.program_id(0).to(tl.int64) * d + i, g_gain, mask=in_d)
+    for n in range(first, tl.minimum(first + TOKENS, N)):
+        x_n = tl.load(x + n * d + i, mask=in_d, other=0.0).to(tl.float32)
+        r = tl.load(rho + n).to(tl.float32)
+        a_c = tl.load(g_lc + n * nc + kc, mask=kc < nc, other=0.0).to(tl.float32)
+        a_x = tl.load(g_lx + n * nx + kx, mask=kx < nx, other=0.0).to(tl.float32)
+        G = tl.load(g_c + n * d + i, mask=in_d, other=0.0).to(tl.float32) + tl.sum(a_c[:, None] * W_cn, axis=0)
+        slope = -r * r * r * tl.sum(G * gain * x_n) / d
+        g_x_n = r * G * gain + slope * x_n + tl.sum(a_x[:, None] * W_xn, axis=0)
+        tl.store(g_x + n * d + i, g_x_n.to(g_x.dtype.element_ty), mask=in_d)
+        g_gain += G * x_n * r
+        g_Wc += (a_c * r)[:, None] * (x_n * gain)[None, :]
+        g_Wx += a_x[:, None] * x_n[None, :]
+    rows = partials + tl.program_id(0).to(tl.int64) * (1 + nc + nx) * d
+    tl.store(rows + i, g_gain, mask=in_d)
+    tl.store(rows + (1 + kc[:, None]) * d + i[None, :], g_Wc, mask=in_c)
+    tl.store(rows + (1 + nc + kx[:, None]) * d + i[None, :], g_Wx, mask=in_x)
 
 
 # ---- the ops ----
@@ -563,14 +550,9 @@ def _update_grid(dv: int, d: int) -> dict:
     return dict(BLOCK_DV=block_dv, BLOCK_D=block_d, num_warps=min(16, max(1, block_dv * block_d // 256)))
 
 
-def _row_programs(N: int):
-    """The grid of a row kernel: one program per ROWS tokens (ROWS tuned)."""
-    return lambda meta: (triton.cdiv(N, meta["ROWS"]),)
-
-
 def _row_grid(dv: int, d: int) -> dict:
-    """The row kernels' channels and block of features (their warps: tuned)."""
-    return dict(DV=dv, BLOCK_D=triton.next_power_of_2(d))
+    """The row kernels' channels, block of features and warps."""
+    return dict(DV=dv, BLOCK_D=triton.next_power_of_2(d), num_warps=ROW_WARPS)
 
 
 def _block_d(d: int) -> int:
@@ -601,11 +583,10 @@ TILE_FEATURES = 128         # features a tiled program covers where they set the
 
 
 def _by_tile(kernel, tensors: tuple, N: int, d: int, **blocks) -> None:
-    """Launches a tiled kernel, kernel(*tensors, ..., TOK, BLOCK_D): one program per tile of tokens and features
-    (BLOCK_D given, or tuned)."""
-    kernel[lambda meta: (triton.cdiv(N, TOKENS_PER_TILE), triton.cdiv(d, meta["BLOCK_D"]))](*tensors,
-                                                                                              TOK=TOKENS_PER_TILE,
-                                                                                              **blocks)
+    """Launches a tiled kernel, kernel(*tensors, ..., TOK, BLOCK_D): one program per tile of tokens and features."""
+    block_d = _tile_features(d)
+    kernel[(triton.cdiv(N, TOKENS_PER_TILE), triton.cdiv(d, block_d))](*tensors, TOK=TOKENS_PER_TILE, BLOCK_D=block_d,
+                                                                          num_warps=TILE_WARPS, **blocks)
 
 
 def _tap_partials(taps: torch.Tensor, N: int) -> torch.Tensor:
@@ -664,8 +645,8 @@ def update_forward(X: torch.Tensor, h: torch.Tensor, beta: torch.Tensor, v: torc
     (X, sXn, sXj), (h, beta, v) = _state_strides(X), (t.contiguous() for t in (h, beta, v))
     B, T, dv, d = X.shape
     X_new, w, rho, q = outputs = _update_outputs(X)
-    _update_forward_kernel[_row_programs(B * T)](X, h, beta, v, X_new, w, rho, q, eps2, sXn, sXj, B * T, d,
-                                                 STORE_STATE=True, **_row_grid(dv, d))
+    _update_forward_kernel[(B * T,)](X, h, beta, v, X_new, w, rho, q, eps2, sXn, sXj, d, STORE_STATE=True,
+                                     **_row_grid(dv, d))
     return outputs
 
 
@@ -684,8 +665,8 @@ def update_backward(G: torch.Tensor, g_w: Optional[torch.Tensor], X: torch.Tenso
     g_w = g_w.contiguous() if has_g_w else G                      # not read when absent
     B, T, dv, d = X.shape
     g_X, g_h, g_beta, g_v = grads = _update_grads(G, h, beta, v)
-    _update_backward_kernel[_row_programs(B * T)](G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, sXn, sXj,
-                                                  B * T, d, HAS_G_W=has_g_w, **_row_grid(dv, d))
+    _update_backward_kernel[(B * T,)](G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, sXn, sXj, d,
+                                      HAS_G_W=has_g_w, **_row_grid(dv, d))
     return grads
 
 
@@ -701,8 +682,8 @@ def key_forward(X: torch.Tensor, h: torch.Tensor, beta: torch.Tensor, v: torch.T
     (X, sXn, sXj), (h, beta, v) = _state_strides(X), (t.contiguous() for t in (h, beta, v))
     B, T, dv, d = X.shape
     _, w, rho, q = _update_outputs(X)
-    _update_forward_kernel[_row_programs(B * T)](X, h, beta, v, X, w, rho, q, eps2, sXn, sXj, B * T, d,
-                                                 STORE_STATE=False, **_row_grid(dv, d))
+    _update_forward_kernel[(B * T,)](X, h, beta, v, X, w, rho, q, eps2, sXn, sXj, d, STORE_STATE=False,
+                                     **_row_grid(dv, d))
     return w, rho, q
 
 
@@ -726,8 +707,8 @@ def write_forward(X: torch.Tensor, h_a: torch.Tensor, w_a: torch.Tensor, h: torc
     (X, sXn, sXj), others = _state_strides(X), [t.contiguous() for t in (h_a, w_a, h, beta, v)] + [_by_lag(A)]
     B, T, dv, d = X.shape
     X_out, w, rho, q, x_next = outputs = _write_outputs(X, store_state)
-    _write_forward_kernel[_row_programs(B * T)](X, *others, X_out, w, rho, q, x_next, eps2, sXn, sXj, B * T, T, d,
-                                                STORE_STATE=store_state, L=A.size(-1), **_row_grid(dv, d))
+    _write_forward_kernel[(B * T,)](X, *others, X_out, w, rho, q, x_next, eps2, sXn, sXj, T, d, STORE_STATE=store_state,
+                                    L=A.size(-1), **_row_grid(dv, d))
     return outputs
 
 
@@ -749,12 +730,12 @@ def write_backward(G: Optional[torch.Tensor], g_w: Optional[torch.Tensor], g_nex
     g_w = g_w.contiguous() if has_g_w else g_next
     B, T, dv, d = X.shape
     G_mid, g_h, g_beta, g_v = _update_grads(X, h, beta, v)
-    _write_backward_kernel[_row_programs(B * T)](G, g_w, g_next, X, h_a, w_a, h, beta, v, rho, q, _by_lag(A), G_mid,
-                                                 g_h, g_beta, g_v, sXn, sXj, B * T, T, d, HAS_G=has_g,
-                                                 HAS_G_W=has_g_w, L=A.size(-1), **_row_grid(dv, d))
+    _write_backward_kernel[(B * T,)](G, g_w, g_next, X, h_a, w_a, h, beta, v, rho, q, _by_lag(A), G_mid, g_h, g_beta,
+                                     g_v, sXn, sXj, T, d, HAS_G=has_g, HAS_G_W=has_g_w, L=A.size(-1),
+                                     **_row_grid(dv, d))
     partials = _tap_partials(A, B * T)
-    _by_tile(_write_taps_kernel, (g_next, X, h_a, w_a, h, beta, v, rho, q, partials, sXn, sXj, B * T, T, d), B * T, d,
-             L=A.size(-1), DV=dv)
+    _by_tile(_write_taps_kernel, (g_next, X, h_a, w_a, h, beta, v, rho, q, partials, sXn, sXj, B * T, T, A.size(-1),
+                                  dv, d), B * T, d)
     return G_mid, g_h, g_beta, g_v, partials.sum(0).to(A.dtype)
 
 
@@ -807,7 +788,12 @@ def _(G, g_w, X, h, beta, v, rho, q):
     return _update_grads(G, h[0], beta[0], v[0], len(h))
 
 
-NORM_TOKENS_PER_CHUNK = 64   # tokens a norm backward program sums the gain's gradient over, in order
+NORM_TOKENS_PER_CHUNK = 32   # tokens a norm backward program sums the weights' gradients over, in order
+
+
+def _norm_blocks(W_c: torch.Tensor, W_x: torch.Tensor, d: int) -> dict:
+    return dict(BLOCK_C=triton.next_power_of_2(max(W_c.size(0), 1)),
+                BLOCK_X=triton.next_power_of_2(max(W_x.size(0), 1)), BLOCK_D=triton.next_power_of_2(d))
 
 
 def _norm_outputs(x: torch.Tensor, W_c: torch.Tensor, W_x: torch.Tensor, c_dtype: torch.dtype):
@@ -824,9 +810,8 @@ def norm_forward(x: torch.Tensor, g: torch.Tensor, W_c: torch.Tensor, W_x: torch
     x, g, W_c, W_x = (t.contiguous() for t in (x, g, W_c, W_x))
     d = x.size(-1)
     c, l_c, l_x, rho = outputs = _norm_outputs(x, W_c, W_x, c_dtype)
-    _norm_forward_kernel[_row_programs(x.numel() // d)](x, g, W_c, W_x, c, l_c, l_x, rho, eps, x.numel() // d, d,
-                                                        NC=W_c.size(0), NX=W_x.size(0),
-                                                        BLOCK_D=triton.next_power_of_2(d))
+    _norm_forward_kernel[(x.numel() // d,)](x, g, W_c, W_x, c, l_c, l_x, rho, eps, W_c.size(0), W_x.size(0), d,
+                                            **_norm_blocks(W_c, W_x, d), num_warps=NORM_WARPS)
     return outputs
 
 
@@ -839,19 +824,16 @@ def _(x, g, W_c, W_x, eps, c_dtype):
 def norm_backward(g_c: torch.Tensor, g_lc: torch.Tensor, g_lx: torch.Tensor, x: torch.Tensor, g: torch.Tensor,
                   W_c: torch.Tensor, W_x: torch.Tensor,
                   rho: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dL/dx and dL/dg (chunks' partials summed in order) of norm_forward, from a row kernel; dL/dW_c and dL/dW_x, sums
-    over tokens of outer products, as matmuls: (dL/dl_c rho)^T x * g and (dL/dl_x)^T x."""
+    """dL/dx, dL/dg, dL/dW_c, dL/dW_x (fp32 sums over tokens, by chunks in order) of norm_forward."""
     g_c, g_lc, g_lx, x, g, W_c, W_x, rho = (t.contiguous() for t in (g_c, g_lc, g_lx, x, g, W_c, W_x, rho))
     d, nc, nx = x.size(-1), W_c.size(0), W_x.size(0)
     N = x.numel() // d
     chunks = triton.cdiv(N, NORM_TOKENS_PER_CHUNK)
     g_x = x.new_empty(x.shape)
-    partials = x.new_empty(chunks, d, dtype=torch.float32)
-    _norm_backward_kernel[(chunks,)](g_c, g_lc, g_lx, x, g, W_c, W_x, rho, g_x, partials, N, d, NC=nc, NX=nx,
-                                     TOKENS=NORM_TOKENS_PER_CHUNK, BLOCK_D=triton.next_power_of_2(d))
-    rows = x.reshape(N, d).float()
-    g_Wc = (g_lc.reshape(N, nc).float() * rho.reshape(N, 1)).T @ rows * g.float()
-    return g_x, partials.sum(0), g_Wc, g_lx.reshape(N, nx).float().T @ rows
+    partials = x.new_empty(chunks, 1 + nc + nx, d, dtype=torch.float32)
+    _norm_backward_kernel[(chunks,)](g_c, g_lc, g_lx, x, g, W_c, W_x, rho, g_x, partials, N, nc, nx, d,
+                                     TOKENS=NORM_TOKENS_PER_CHUNK, **_norm_blocks(W_c, W_x, d), num_warps=NORM_WARPS)
+    return g_x, partials[:, 0].sum(0), partials[:, 1:1 + nc].sum(0), partials[:, 1 + nc:].sum(0)
 
 
 @norm_backward.register_fake
@@ -883,7 +865,7 @@ def rank_one_forward(w: torch.Tensor, h: torch.Tensor, A: torch.Tensor) -> torch
     w, h, A = w.contiguous(), h.contiguous(), A.contiguous()
     B, T, d = h.shape
     x = w.new_empty(h.shape)
-    _by_tile(_rank_one_forward_kernel, (w, h, _by_lag(A), x, B * T, T, d), B * T, d, L=A.size(-1), DV=w.size(-1))
+    _by_tile(_rank_one_forward_kernel, (w, h, _by_lag(A), x, B * T, T, A.size(-1), w.size(-1), d), B * T, d)
     return x
 
 
@@ -901,8 +883,8 @@ def rank_one_backward(g: torch.Tensor, w: torch.Tensor, h: torch.Tensor,
     g_h = h.new_empty(h.shape)
     g_w_partials = w.new_empty((_feature_blocks(d), B, T, dv), dtype=torch.float32)   # one per feature block
     partials = _tap_partials(A, N)
-    _by_tile(_rank_one_backward_kernel, (g, w, h, _by_lag(A), g_w_partials, g_h, partials, N, T, d), N, d,
-             L=A.size(-1), DV=dv, BLOCK_D=_tile_features(d))
+    _by_tile(_rank_one_backward_kernel, (g, w, h, _by_lag(A), g_w_partials, g_h, partials, N, T, A.size(-1), dv, d),
+             N, d, BLOCK_DV=triton.next_power_of_2(dv))
     return g_w_partials.sum(0).to(w.dtype), g_h, partials.sum(0).to(A.dtype)
 
 
