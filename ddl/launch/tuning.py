@@ -251,14 +251,21 @@ def _best(row: RowSearch, tuning: TuneConfig) -> None:
 
 
 def baseline_of(row: RowSearch, rows: list[RowSearch]) -> RowSearch | None:
-    """The tuned baseline a replicate pairs with: the same replicate of the baseline row of its size, data and
-    schedule."""
+    """The tuned baseline a replicate pairs with: the same replicate of the baseline row of its size, data, schedule
+    and replica (`replica`, an independent copy of a row); a baseline row of odd replica 2k+1 pairs with the
+    baseline of replica 2k, an A/A pair (sweeps/tuned_aa.yaml)."""
     job = row.job
+    if job.run.model.residual == "baseline":
+        if job.run.replica % 2 == 0:
+            return None
+        replica = job.run.replica - 1
+    else:
+        replica = job.run.replica
     for other in rows:
         base = other.job
         if (base.run.model.residual == "baseline" and base is not job and other.replicate == row.replicate
-                and size_name(base.run.model) == size_name(job.run.model) and base.run.data == job.run.data
-                and base.run.train == job.run.train):
+                and base.run.replica == replica and size_name(base.run.model) == size_name(job.run.model)
+                and base.run.data == job.run.data and base.run.train == job.run.train):
             return other
     return None
 
