@@ -48,7 +48,7 @@ def delta_flops_per_token(model) -> float:
     if model.residual == "baseline":
         return 0.0
     d, dv = model.d_model, model.dv
-    per_update = 4 * d * dv + (2 * model.state_conv_kernel * d * dv if dv > 1 else 0)
+    per_update = 4 * d * dv + (2 * model.state_kernel * d * dv if dv > 1 else 0)
     return 3.0 * 2 * model.n_layer * model.n_h * per_update
 
 

@@ -185,3 +185,16 @@ def test_at_equal_compute_the_costlier_row_is_read_where_its_cost_reaches_the_ch
     measured = at_equal_compute(row, base, histories, "cpu", longer=longer)
     assert measured.how.startswith("measured: the baseline trained 109 steps")
     assert measured.difference.mean == pytest.approx((2.0 - 2.15 + 2.1 - 2.3) / 2)
+
+
+def test_a_rows_cost_a_token_is_6n_and_the_delta_updates_own_or_a_recorded_step_time():
+    from ddl.costs import cost_ratio, delta_flops_per_token
+    from ddl.model import model_config, param_count
+    base, dv4 = (model_config("tiny", vocab_size=256, residual=r, dv=4) for r in ("baseline", "ddl"))
+    n, n_base = param_count(dv4), param_count(base)
+    assert delta_flops_per_token(dv4) == 3 * 2 * 4 * (4 * 128 * 4 + 2 * 4 * 128 * 4) and not delta_flops_per_token(base)
+    flops = (6 * n + delta_flops_per_token(dv4)) / (6 * n_base)
+    assert cost_ratio(dv4, base, n, n_base, "flops") == pytest.approx(flops)
+    assert cost_ratio(dv4, base, n, n_base, "cpu") == 1.087 and cost_ratio(dv4, base, n, n_base, "h100") == 1.926
+    dv2 = model_config("tiny", vocab_size=256, residual="ddl", dv=2)
+    assert cost_ratio(dv2, base, param_count(dv2), n_base, "cpu") is None      # no bench figure: UnknownCost

@@ -47,7 +47,7 @@ def model_of(run: pd.Series) -> SimpleNamespace:
     defaults = {"residual": "baseline", "conv": "none", "mapping": "k", "beta_estimator": "linear"}
     return SimpleNamespace(**{k: v if isinstance(v, str) else defaults[k] for k, v in text.items()},
                            dv=_int(run, "dv", 1), n_h=_int(run, "n_h", 1), n_layer=_int(run, "n_layer", 1),
-                           d_model=_int(run, "d_model", 1), state_conv_kernel=_int(run, "state_conv_kernel", 4))
+                           d_model=_int(run, "d_model", 1), state_kernel=_int(run, "state_conv_kernel", 4))
 
 
 def ratio(row: pd.Series, base: pd.Series, measure: str) -> float:
