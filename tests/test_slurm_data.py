@@ -18,8 +18,8 @@ from tests.conftest import mlflow_runs, run_cli
 from tests.test_prepare import dataset_files, make_corpus
 from tests.test_slurm import MICRO, SLURM
 
-PREPARE = ["hydra.launcher.prepare_cpus_per_task=2", "hydra.launcher.prepare_mem_gb=2",
-           "hydra.launcher.prepare_timeout_min=20"]
+PREPARE = ["hydra.launcher.prepare_cpus_per_task=1", "hydra.launcher.prepare_mem_gb=2",
+           "hydra.launcher.prepare_timeout_min=20"]      # one worker: the slower build gives a kill time to land
 WIDE = {"COLUMNS": "400"}           # a summary's rows on one line each
 
 
@@ -37,10 +37,10 @@ class QueueWatch(threading.Thread):
     """Every job the private cluster's queue shows while the sweep runs: its name, and the dependency
     `scontrol show job` gives it while it is pending."""
 
-    def __init__(self, act=None):
+    def __init__(self):
         super().__init__(daemon=True)
         self.jobs: dict[str, dict] = {}
-        self.act, self.stop = act, threading.Event()
+        self.stop = threading.Event()
 
     def run(self):
         while not self.stop.is_set():
@@ -53,8 +53,6 @@ class QueueWatch(threading.Thread):
                     shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
                     found = re.search(r"Dependency=(\S+)", shown)
                     seen["dependency"] = found and found.group(1)
-            if self.act:
-                self.act(self)
             time.sleep(0.1)
 
     def prepare_jobs(self) -> list[str]:
@@ -69,64 +67,61 @@ class QueueWatch(threading.Thread):
         self.join(10)
 
 
-def _kill_job_processes(job_id: str) -> None:
-    """SIGKILL to the job's Python process on its node, as the OOM killer or a failing node would (scancel
-    would give it KillWait seconds, in which a small preparation may end)."""
+def _job_process(job_id: str) -> psutil.Process | None:
+    """The job's Python process on its node (submitit's), once it started."""
     for process in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
             if "submitit.core._submit" in (process.info["cmdline"] or ()) and \
                     process.environ().get("SLURM_JOB_ID") == job_id:
+                return process
+    return None
+
+
+def _kill_mid_way(queue: QueueWatch, progress, last_unit: int, killed: list) -> None:
+    """SIGKILL to the prepare job's process as soon as it recorded a position short of its last units, as the
+    OOM killer or a failing node would (scancel would give it KillWait seconds, in which it may end): its
+    process found first, then its record watched closely, so the kill lands mid-way on a quiet machine too."""
+    process = None
+    while not queue.stop.is_set():
+        if process is None:
+            process = _job_process(queue.prepare_jobs()[0]) if queue.prepare_jobs() else None
+            time.sleep(0 if process else 0.2)
+            continue
+        with contextlib.suppress(OSError, ValueError):      # not written yet, or renamed away as it finished
+            if json.loads(progress.read_text())["unit"] < last_unit - 4:
                 process.kill()
+                killed.append(queue.prepare_jobs()[0])
                 return
-    raise AssertionError(f"no process of job {job_id} to kill")
+        time.sleep(0.01)
 
 
 def _fresh(corpus: str, tmp_path):
     return prepare(DataConfig(source="files", files=corpus, tokenizer="bpe", bpe_vocab=512), root=tmp_path / "fresh",
-                   progress=False, workers=1)
+                   progress=False, workers=2)
 
 
 @pytest.mark.slow
-def test_a_sweep_whose_data_is_missing_prepares_it_in_one_cpu_job_its_jobs_depend_on(slurm, ddl_home, tmp_path):
-    corpus = make_corpus(tmp_path / "corpus")
+def test_a_sweep_whose_data_is_missing_waits_on_one_prepare_job_which_a_rerun_resumes_after_a_kill(
+        slurm, ddl_home, tmp_path):
+    """The dry run shows the prepare job; the sweep submits it first and its jobs with afterok on it; its process
+    killed mid-way fails them with its line, none left pending, no run opened; the sweep run again submits one
+    prepare job that resumes the build (the bytes of an uninterrupted one), and the jobs train after it."""
+    corpus = make_corpus(tmp_path / "corpus", n_docs=1500)
     sweep = _sweep(corpus, "data_first")
+    cfg = DataConfig(source="files", files=corpus, tokenizer="bpe", bpe_vocab=512)
+    name, last_unit = cfg.dataset_name(), len(units(cfg))
+    progress = ddl_home / "data" / f"{name}.partial" / "progress.json"
+
     dry = run_cli(*sweep, "--dry-run", env_extra=WIDE)
     assert dry.returncode == 0, dry.stderr
-    [row] = [line for line in dry.stdout.splitlines() if "prepare files-bpe-" in line]
-    assert "one CPU-only SLURM job, 2 CPUs:" in row and "2 jobs wait on it" in row
+    [row] = [line for line in dry.stdout.splitlines() if f"prepare {name}" in line]
+    assert "one CPU-only SLURM job, 1 CPU:" in row and "2 jobs wait on it" in row
     assert "--dependency=afterok" in " ".join(dry.stdout.split()) and not (ddl_home / "data").exists()
-    with QueueWatch() as queue:
-        out = run_cli(*sweep, timeout=400, env_extra=WIDE)
-    said = out.stdout + out.stderr
-    assert out.returncode == 0, said[-4000:]
-    [prepare_id] = re.findall(r"SLURM job (\d+) prepares it", out.stdout)
-    assert queue.prepare_jobs() == [prepare_id]
-    training = {job_id: seen for job_id, seen in queue.jobs.items() if job_id != prepare_id}
-    assert len(training) == 2 and all(seen["dependency"].startswith(f"afterok:{prepare_id}")
-                                      for seen in training.values()), queue.jobs
-    assert all(int(job_id) > int(prepare_id) for job_id in training)
-    assert "waiting on data" in said and "2 finished, 0 skipped, 0 failed" in out.stdout
-    assert sorted(r.info.status for r in mlflow_runs("data_first")) == ["FINISHED", "FINISHED"]
-    [built] = (ddl_home / "data").glob("files-bpe-*/")
-    assert dataset_files(built) == dataset_files(_fresh(corpus, tmp_path))
 
-
-@pytest.mark.slow
-def test_a_prepare_job_killed_mid_way_fails_its_jobs_and_the_sweep_run_again_resumes_it(slurm, ddl_home, tmp_path):
-    corpus = make_corpus(tmp_path / "corpus", n_docs=5000)
-    sweep = _sweep(corpus, "data_killed")
-    cfg = DataConfig(source="files", files=corpus, tokenizer="bpe", bpe_vocab=512)
-    name, last = cfg.dataset_name(), len(units(cfg))
-    progress = ddl_home / "data" / f"{name}.partial" / "progress.json"
     killed: list = []
-
-    def kill_once_it_recorded_its_position(queue):     # mid-way: not at the last units
-        with contextlib.suppress(OSError, ValueError):    # (renamed away as it finished)
-            if not killed and queue.prepare_jobs() and json.loads(progress.read_text())["unit"] < last - 4:
-                killed.append(queue.prepare_jobs()[0])
-                _kill_job_processes(killed[0])
-
-    with QueueWatch(kill_once_it_recorded_its_position):
+    with QueueWatch() as queue:
+        killer = threading.Thread(target=_kill_mid_way, args=(queue, progress, last_unit, killed), daemon=True)
+        killer.start()
         out = run_cli(*sweep, timeout=400, env_extra={**WIDE, "DDL_LOST_AFTER_S": "3"})
     said = out.stdout + out.stderr
     assert killed and out.returncode == 1, said[-4000:]
@@ -135,14 +130,24 @@ def test_a_prepare_job_killed_mid_way_fails_its_jobs_and_the_sweep_run_again_res
     assert " ".join(out.stdout.split()).count(line) == 2, said[-4000:]        # each job's row, in the summary
     assert "0 finished, 0 skipped, 2 failed" in out.stdout
     assert subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip() == ""   # none left pending
-    assert mlflow_runs("data_killed") == [] and progress.is_file()
-    again = run_cli(*sweep, timeout=400)
-    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
-    [logs] = [p for p in (ddl_home / "sweeps" / "data_killed").rglob("*_0_log.err") if "resuming" in p.read_text()]
-    assert f"resuming {name} at document " in logs.read_text()
+    assert mlflow_runs("data_first") == [] and progress.is_file()
+
+    with QueueWatch() as queue:
+        again = run_cli(*sweep, timeout=400, env_extra=WIDE)
+    said = again.stdout + again.stderr
+    assert again.returncode == 0, said[-4000:]
+    [prepare_id] = re.findall(r"SLURM job (\d+) prepares it", again.stdout)
+    assert queue.prepare_jobs() == [prepare_id]
+    training = {job_id: seen for job_id, seen in queue.jobs.items() if job_id != prepare_id}
+    assert len(training) == 2 and all(seen["dependency"].startswith(f"afterok:{prepare_id}")
+                                      for seen in training.values()), queue.jobs
+    assert all(int(job_id) > int(prepare_id) for job_id in training)
+    assert "waiting on data" in said and "2 finished, 0 skipped, 0 failed" in again.stdout
+    [log] = [p for p in (ddl_home / "sweeps" / "data_first").rglob(f"{prepare_id}_0_log.err")]
+    assert f"resuming {name} at document " in log.read_text()
     [built] = (ddl_home / "data").glob("files-bpe-*/")
     assert dataset_files(built) == dataset_files(_fresh(corpus, tmp_path))
-    assert sorted(r.info.status for r in mlflow_runs("data_killed")) == ["FINISHED", "FINISHED"]
+    assert sorted(r.info.status for r in mlflow_runs("data_first")) == ["FINISHED", "FINISHED"]
 
 
 @pytest.mark.slow
