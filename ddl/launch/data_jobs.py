@@ -66,25 +66,47 @@ def estimate(need: DataNeed, cpus: int) -> tuple[float, float]:
         raise ConfigError(str(err)) from None
 
 
+def _where(launcher, cpus: int, seconds: float) -> str:
+    """Where a preparation runs and how long it takes: 'one CPU-only SLURM job, 32 CPUs: about 17 min'."""
+    if launcher._EXECUTOR != "slurm":
+        return f"{about(seconds)} on {plural(cpus, 'core')}"
+    partition = launcher.params.get("prepare_partition")
+    return (f"one CPU-only SLURM job, {plural(cpus, 'CPU')}" + (f", partition {partition}" if partition else "")
+            + f": {about(seconds)}")
+
+
+RATE = "at the tokens/s one worker was measured at (ddl/launch/estimate.py), times the workers"
+
+
 def plan(needs: list[DataNeed], launcher) -> tuple[list[tuple[str, str, float]], str]:
     """A dry run's view of the preparations: on SLURM a row per prepare job (dataset, where and how long,
     tokens); the caption's sentence (here: what is prepared first, and how long it takes)."""
     if not needs:
         return [], ""
-    cpus = prepare_cpus(launcher)
-    estimates = [estimate(need, cpus) for need in needs]
-    rate = "at the tokens/s one worker was measured at (ddl/launch/estimate.py), times the workers"
     if launcher._EXECUTOR != "slurm":
-        return [], "Data first, here: " + "; ".join(
-            f"{need.name} (~{tokens:.3g} tokens), {about(seconds)} on {plural(cpus, 'core')}"
-            for need, (tokens, seconds) in zip(needs, estimates, strict=True)) + f" ({rate})."
-    partition = launcher.params.get("prepare_partition")
-    rows = [(need.name, f"one CPU-only SLURM job, {plural(cpus, 'CPU')}" + (f", partition {partition}" if partition
-                                                                             else "")
-             + f": {about(seconds)}; {plural(len(need.jobs), 'job')} wait on it", tokens)
-            for need, (tokens, seconds) in zip(needs, estimates, strict=True)]
+        return [], f"Data first, here: {_each(needs, launcher)} ({RATE})."
+    cpus = prepare_cpus(launcher)
+    rows = [(need.name, f"{_where(launcher, cpus, seconds)}; {plural(len(need.jobs), 'job')} wait on it", tokens)
+            for need, (tokens, seconds) in ((need, estimate(need, cpus)) for need in needs)]
     return rows, (f"Data first: each prepare job runs before the jobs that read its dataset, which are submitted "
-                  f"with --dependency=afterok on it (its time {rate}).")
+                  f"with --dependency=afterok on it (its time {RATE}).")
+
+
+def search_sentence(needs: list[DataNeed], launcher) -> str:
+    """A search's dry run: the datasets its first round prepares before its trials train, each with where and
+    how long (on SLURM a prepare job, the trials submitted with --dependency=afterok on it)."""
+    if not needs:
+        return ""
+    how = " (each by a prepare job, the trials submitted with --dependency=afterok on it)" \
+        if launcher._EXECUTOR == "slurm" else ", here"
+    return f"Data first, before the first round's trials{how}: {_each(needs, launcher)} ({RATE})."
+
+
+def _each(needs: list[DataNeed], launcher) -> str:
+    """Each dataset with its tokens, where it is prepared and how long it takes."""
+    cpus = prepare_cpus(launcher)
+    return "; ".join(f"{need.name} (~{tokens:.3g} tokens), {_where(launcher, cpus, seconds)}"
+                     for need, (tokens, seconds) in ((need, estimate(need, cpus)) for need in needs))
 
 
 def about(seconds: float) -> str:

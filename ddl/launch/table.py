@@ -184,10 +184,10 @@ def job_table(jobs, gpus: int, slots: int, threads: int, data=((), "")) -> _Prin
 
 
 # -- a search (ddl.launch.tuning) -------------------------------------------------------------------
-def search_plan_table(rows, tuning, launcher) -> _Printable:
+def search_plan_table(rows, tuning, launcher, data: str = "") -> _Printable:
     """A search's dry run: per row its space, trials (or the size it is carried from), replicates and seeds, and its
     cost at most (every trial and bracket trial trained to its end, every seed of the plan run); pruning and seeds
-    that resolve early only lower it."""
+    that resolve early only lower it. `data`: the datasets prepared first (ddl.launch.data_jobs.search_sentence)."""
     gpus, cpus = launcher.params.get("gpus_per_node") or 0, launcher.params.get("cpus_per_task") or 1
     firsts = [row for row in rows if row.replicate == 0]
     slots = launcher.bound(len(rows) * tuning.trials)
@@ -216,6 +216,7 @@ def search_plan_table(rows, tuning, launcher) -> _Printable:
                ", ".join(filter(None, [cpu and f"{_minutes(sum(cpu))} core-min{wall}", gpu and f"{gpu:.3g} GPU-h"])) +
                f". Trials {at_once} at a time per search, pruner {tuning.pruner} (never beside the best); each "
                f"replicate's best at fresh seeds, paired with the tuned baseline's replicate (alpha {tuning.alpha}).")
+    caption = " ".join(filter(None, [caption, data]))
     return _Printable(fitted("ddl-run: planned search (dry run, nothing launched)", columns, table_rows, caption))
 
 
