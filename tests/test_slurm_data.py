@@ -56,7 +56,8 @@ class QueueWatch(threading.Thread):
             time.sleep(0.1)
 
     def prepare_jobs(self) -> list[str]:
-        return [job_id for job_id, seen in self.jobs.items() if seen["name"].endswith("-prepare")]
+        return [job_id for job_id, seen in list(self.jobs.items())      # a copy: the watch may be adding one
+                if seen["name"].endswith("-prepare")]
 
     def __enter__(self):
         self.start()
