@@ -203,7 +203,7 @@ def test_a_seed_list_beside_a_search_is_refused_pointing_to_tune_seeds(ddl_home,
     assert not ddl_home.exists()
 
 
-CARRIED = ["residual=ddl,baseline", "dv=4", "model=micro,tiny", "train.lr=tag(log, interval(3e-4, 3e-2))",
+CARRIED = ["residual=ddl,baseline", "dv=4", "model=micro,tiny", "train.lr=tag(log, interval(3e-3, 3e-1))",
            "train=smoke", "train.steps=10", "tune.trials=2", "tune.seeds=2", "tune.replicates=2",
            "tune.bracket_trials=1", "tune.search_size=micro", "experiment=carried"]
 
@@ -390,7 +390,7 @@ def test_two_homes_racing_one_search_make_one_parent_each_trial_and_confirmation
     distinct numbers and seeds - 1 confirmation runs, and every run trained once (each home waits for the
     other's)."""
     from mlflow.tracking import MlflowClient
-    search = ["-m", "residual=ddl,baseline", "dv=4", "train.lr=tag(log, interval(1e-3, 3e-2))", "tune.trials=4",
+    search = ["-m", "residual=ddl,baseline", "dv=4", "train.lr=tag(log, interval(3e-3, 3e-1))", "tune.trials=4",
               "tune.seeds=2", "tune.replicates=1", "tune.bracket_trials=0", "tune.pruner=none", "model=micro",
               "train=smoke", "train.steps=40", "experiment=raced"]
     homes = [subprocess.Popen([str(VENV_BIN / "ddl-run"), *search], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -73,6 +73,7 @@ LATER_FIELDS = dict(n_h=1, param="sp", mup_base_width=128, state_dtype="auto")
 # reference parity): loading it with these values computes the function it was trained as.
 PRE_PARITY = dict(init="gpt2", norm_eps=1e-6, qk_norm="before_rope", cc_padding="causal")
 DEFAULT_TIME_KERNEL = 4
+CHANNEL_CONVS = ("cc", "cc_ec")          # convolutions along d_v: their kernel defaults to d_v
 
 
 _fail = failure()
@@ -169,7 +170,7 @@ class ModelConfig:
 
     @property
     def channel_conv(self) -> bool:
-        return self.conv in ("cc", "cc_ec")
+        return self.conv in CHANNEL_CONVS
 
     @property
     def embed_conv(self) -> bool:

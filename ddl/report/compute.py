@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pandas as pd
 
 from ..costs import COMPUTE_MEASURES, cost_ratio
+from ..model.config import CHANNEL_CONVS, DEFAULT_TIME_KERNEL
 from ..stats import Difference, paired
 
 STEPS = "params.train.steps"
@@ -37,17 +38,20 @@ class AtCompute:
 
 
 def _int(run: pd.Series, key: str, default: int) -> int:
-    value = run.get(f"params.model.{key}")
-    return default if value is None or (isinstance(value, float) and math.isnan(value)) else int(value)
+    value = run.get(f"params.model.{key}")       # absent, NaN, or "None" as MLflow logs a null
+    return default if value in (None, "None") or (isinstance(value, float) and math.isnan(value)) else int(value)
 
 
 def model_of(run: pd.Series) -> SimpleNamespace:
     """What ddl.costs reads of a model, from a run's params (a knob a run did not log: its default then)."""
     text = {k: run.get(f"params.model.{k}") for k in ("residual", "conv", "mapping", "beta_estimator")}
     defaults = {"residual": "baseline", "conv": "none", "mapping": "k", "beta_estimator": "linear"}
-    return SimpleNamespace(**{k: v if isinstance(v, str) else defaults[k] for k, v in text.items()},
-                           dv=_int(run, "dv", 1), n_h=_int(run, "n_h", 1), n_layer=_int(run, "n_layer", 1),
-                           d_model=_int(run, "d_model", 1), state_kernel=_int(run, "state_conv_kernel", 4))
+    model = SimpleNamespace(**{k: v if isinstance(v, str) else defaults[k] for k, v in text.items()},
+                            dv=_int(run, "dv", 1), n_h=_int(run, "n_h", 1), n_layer=_int(run, "n_layer", 1),
+                            d_model=_int(run, "d_model", 1))
+    channel_conv = model.conv in CHANNEL_CONVS          # ModelConfig.state_kernel's rule for a null kernel
+    model.state_kernel = _int(run, "state_conv_kernel", model.dv if channel_conv else DEFAULT_TIME_KERNEL)
+    return model
 
 
 def ratio(row: pd.Series, base: pd.Series, measure: str) -> float:
