@@ -230,7 +230,7 @@ def _pruner(job: Job, run_id: str):
         curve[step] = val_loss
         peers = [t for t in searches.runs_of(job.experiment, tuning.search, curves=True, keys=tuning.keys)
                  if t.run_id != run_id]
-        if should_prune(peers, curve, job.run.train.steps, tuning):
+        if should_prune(peers, curve, job.run.train.steps, tuning, job.searched):
             return f"pruned: val/loss {val_loss:.4f} above the median of the search's completed trials there"
         return None
     return stop_early
