@@ -19,9 +19,14 @@ def _create_store(home, ready):
 
 
 @pytest.mark.slow
-def test_processes_creating_the_store_at_once_all_get_it(tmp_path, monkeypatch):
-    """MLflow migrates a new SQLite store's schema in the first process that opens it; a second one doing
-    the same at once crashed inside the migration."""
+@pytest.mark.parametrize("cache", ["empty", "unusable"])
+def test_processes_creating_the_store_at_once_all_get_it(tmp_path, monkeypatch, cache):
+    """A new SQLite store is created in the first process that opens it, from the user's schema template (which
+    it makes, the cache being empty) or, where the cache cannot hold one, by MLflow's migrations in place; a
+    second process migrating the same store at once crashed inside the migration."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    if cache == "unusable":
+        (tmp_path / "cache").write_text("a file, not a directory")
     ctx = multiprocessing.get_context("spawn")
     ready = ctx.Event()
     procs = [ctx.Process(target=_create_store, args=(tmp_path / "home", ready)) for _ in range(3)]
@@ -34,6 +39,62 @@ def test_processes_creating_the_store_at_once_all_get_it(tmp_path, monkeypatch):
     monkeypatch.setenv("DDL_HOME", str(tmp_path / "home"))
     from ddl.track import store
     assert store.client().get_experiment_by_name("together") is not None
+
+
+def test_a_new_home_starts_from_the_schema_template_with_its_own_default_experiment(tmp_path, monkeypatch):
+    """The first store this user creates makes a template of MLflow's schema in the user's cache, named by
+    MLflow's version; the next home's store is a copy of it (it carries a mark put on the template, which a
+    store migrated again would not), its Default experiment's artifacts in its own home, a store like any other."""
+    import sqlite3
+    from importlib.metadata import version
+
+    from ddl.track import store
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    template = tmp_path / "cache" / "ddl" / f"mlflow-{version('mlflow')}-schema.db"
+    for name in ("first", "second"):
+        home = tmp_path / name
+        monkeypatch.setenv("DDL_HOME", str(home))
+        c = store.client()
+        assert template.is_file(), name
+        assert [(e.name, e.artifact_location) for e in c.search_experiments()] == [
+            ("Default", (home / "mlartifacts" / "0").as_uri())]
+        run = c.create_run(store.experiment_id(name))
+        c.log_metric(run.info.run_id, "x", 1.0)
+        assert c.get_run(run.info.run_id).data.metrics == {"x": 1.0}
+        if name == "first":
+            with sqlite3.connect(template) as db:
+                db.execute("PRAGMA user_version = 41")                  # the mark: SQLite's own header field
+    with sqlite3.connect(tmp_path / "second" / "mlflow.db") as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (41,)   # a copy, not migrated again
+    assert not list(template.parent.glob(".*.tmp")) and not list(tmp_path.glob("*/.mlflow.db.*"))
+
+
+@pytest.mark.parametrize("damage", ["garbled", "an older schema"])
+def test_a_damaged_schema_template_is_dropped_and_the_store_migrated_in_place(tmp_path, monkeypatch, damage):
+    """A template that MLflow's store does not accept (garbled bytes, or a schema behind MLflow's head) costs
+    the home that meets it a migration in place, not its store; the next home makes the template again."""
+    import sqlite3
+    from importlib.metadata import version
+
+    from ddl.track import store
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    template = tmp_path / "cache" / "ddl" / f"mlflow-{version('mlflow')}-schema.db"
+    template.parent.mkdir(parents=True)
+    if damage == "garbled":
+        template.write_bytes(b"not a database " * 100)
+    else:
+        with sqlite3.connect(template) as db:
+            db.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+            db.execute("INSERT INTO alembic_version VALUES ('451aebb31d03')")    # MLflow 1.x's first revision
+    for name in ("first", "second"):
+        home = tmp_path / name
+        monkeypatch.setenv("DDL_HOME", str(home))
+        c = store.client()
+        assert [(e.name, e.artifact_location) for e in c.search_experiments()] == [
+            ("Default", (home / "mlartifacts" / "0").as_uri())], name
+        c.log_metric(c.create_run(store.experiment_id(name)).info.run_id, "x", 1.0)
+    with sqlite3.connect(template) as db:
+        assert db.execute("SELECT count(*) FROM experiments").fetchone() == (0,)     # remade by "second"
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """A damaged file is detected, never trained on: checkpoints, token shards, the tracking store, run folders.
 
 One smoke run trains once (module fixture); each test damages a copy of its DDL_HOME and runs `ddl-run` again.
+The token shards' tests need only the dataset: a copy of a home where `ddl-data prepare` made it.
 """
 
 import shutil
@@ -21,9 +22,24 @@ def trained(tmp_path_factory):
     return home, val_loss
 
 
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """A home holding only the smoke run's dataset (the embedded corpus, bytes: ddl-data's defaults)."""
+    home = tmp_path_factory.mktemp("prepared") / "home"
+    out = run_cli("ddl-data", "prepare", env_extra={"DDL_HOME": str(home)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return home
+
+
 @pytest.fixture
 def home(trained, ddl_home):
     shutil.copytree(trained[0], ddl_home)
+    return ddl_home
+
+
+@pytest.fixture
+def data_home(prepared, ddl_home):
+    shutil.copytree(prepared, ddl_home)
     return ddl_home
 
 
@@ -66,10 +82,10 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_run_resumes_from_the_previous
 
 
 @pytest.mark.parametrize("how", ["garbled", "truncated"])
-def test_a_damaged_token_shard_is_one_line_and_creates_no_run(home, how):
-    [dataset] = [p for p in (home / "data").iterdir() if p.is_dir()]
+def test_a_damaged_token_shard_is_one_line_and_creates_no_run(data_home, how):
+    [dataset] = [p for p in (data_home / "data").iterdir() if p.is_dir()]
     damage(dataset / "train_0000.bin", how)
-    out = run_cli("ddl-run", *SMOKE, "experiment=other", "seed=1")   # a new job (the trained one is reused)
+    out = run_cli("ddl-run", *SMOKE, "experiment=other", "seed=1")
     assert out.returncode == 2
     [line] = out.stderr.strip().splitlines()
     assert line.startswith("ddl-run: error: dataset ") and "shard train_0000.bin is damaged" in line

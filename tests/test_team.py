@@ -170,9 +170,9 @@ def test_a_sweep_survives_a_server_outage_and_every_step_reaches_it_once(team_se
     """The MLflow server stops for 30 s while two jobs train: no job dies, the points logged meanwhile wait
     and arrive once, and the sweep's output says what happened."""
     home = tmp_path / "home"
-    steps = 1000    # ~10 s of training into the outage, then the checkpoint at 500 waits out its end
+    steps = 600     # a few seconds of training into the outage, then the checkpoint at 300 waits out its end
     sweep = ["-m", "residual=ddl,baseline", "model=micro", "train=smoke", f"train.steps={steps}", "train.log_every=20",
-             "train.eval_every=500", "train.ckpt_every=500", "experiment=outage"]
+             "train.eval_every=300", "train.ckpt_every=300", "experiment=outage"]
     outage = {}
 
     def take_the_server_down():
@@ -197,7 +197,7 @@ def test_a_sweep_survives_a_server_outage_and_every_step_reaches_it_once(team_se
     assert sorted(r.info.status for r in runs) == ["FINISHED", "FINISHED"]
     for run in runs:
         assert [step for step, _ in curve(client, run)] == list(range(20, steps + 1, 20))
-        assert [step for step, _ in curve(client, run, "val/loss")] == [500, 1000]
+        assert [step for step, _ in curve(client, run, "val/loss")] == [300, 600]
 
 
 READER = """
@@ -219,26 +219,26 @@ print(f"{reads} {errors}")
 
 
 @pytest.mark.slow
-def test_eight_jobs_and_four_readers_at_once_against_the_server(team_server, tmp_path):
-    """8 jobs (2 at a time) log while 4 processes read through the REST API, each going over every run's
-    curve every 2 s: no error anywhere, and every run holds each of its steps once."""
+def test_four_jobs_and_four_readers_at_once_against_the_server(team_server, tmp_path):
+    """4 jobs (2 at a time, in two rounds) log while 4 processes read through the REST API, each going over every
+    run's curve every 2 s: no error anywhere, and every run holds each of its steps once."""
     stop = tmp_path / "stop"
     readers = [subprocess.Popen([str(VENV_BIN / "python"), "-c", READER, team_server.uri, "load", str(stop)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
     try:
-        out = run_cli("ddl-run", "-m", "seed=range(8)", "model=micro", "train=smoke", "train.warmup_steps=5",
+        out = run_cli("ddl-run", "-m", "seed=range(4)", "model=micro", "train=smoke", "train.warmup_steps=5",
                       "hydra.launcher.max_parallel=2", "experiment=load",
                       env_extra=home_env(team_server, tmp_path / "home"))
     finally:
         stop.touch()
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "8 finished, 0 skipped, 0 failed" in out.stdout
+    assert "4 finished, 0 skipped, 0 failed" in out.stdout
     for reader in readers:
         stdout, stderr = reader.communicate(timeout=120)
         reads, errors = map(int, stdout.split())
-        assert reader.returncode == 0 and errors == 0 and reads > 8, stderr[-2000:]
+        assert reader.returncode == 0 and errors == 0 and reads > 4, stderr[-2000:]
     client, runs = server_runs(team_server, "load")
-    assert len(runs) == 8 and {r.info.status for r in runs} == {"FINISHED"}
+    assert len(runs) == 4 and {r.info.status for r in runs} == {"FINISHED"}
     for run in runs:
         assert [step for step, _ in curve(client, run)] == [5, 10, 15, 20]
         assert [step for step, _ in curve(client, run, "val/loss")] == [10, 20]

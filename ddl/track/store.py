@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import os
 import re
+import shutil
 import socket
 import time
 import urllib.error
@@ -112,11 +113,57 @@ def _open_store(uri: str) -> None:
         db.parent.mkdir(parents=True, exist_ok=True)
         with open(db.with_name(db.name + ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            if not db.exists() and (template := _schema_template()):
+                with open(template, "rb") as schema:
+                    paths.write_atomic(db, lambda f: shutil.copyfileobj(schema, f))
             SqlAlchemyStore(uri, paths.artifacts_dir().as_uri())   # creates the schema and Default, or checks them
     except OSError as err:
         raise StoreError(f"tracking store {db}: {err.strerror or err} (DDL_HOME={paths.home()})") from None
     except Exception as err:
         raise StoreError(f"tracking store {db}: {type(err).__name__}: {_first_line(err)}") from None
+
+
+def _schema_template() -> Path | None:
+    """An SQLite store holding MLflow's schema and no experiment, made once per MLflow version in the user's cache:
+    a new home starts from a copy of it instead of running MLflow's ~60 schema migrations (about 1 s of CPU).
+    MLflow's own store, opening the copy, finds every table at its head revision and adds the Default
+    experiment with this home's artifact root, as on a store it migrated itself. A template that is not at
+    MLflow's head (damaged) is made again. None where the cache cannot hold one: the store is then migrated
+    in place."""
+    from importlib.metadata import version
+
+    from mlflow.store.db import utils as db_utils
+    template = paths.user_cache_dir() / f"mlflow-{version('mlflow')}-schema.db"
+    if template.is_file() and _at_mlflow_head(template):
+        return template
+    building = template.with_name(f".{template.name}.{os.getpid()}.tmp")
+    try:
+        template.parent.mkdir(parents=True, exist_ok=True)
+        engine = db_utils.create_sqlalchemy_engine(f"sqlite:///{building}")
+        try:
+            db_utils._initialize_tables(engine)          # what SqlAlchemyStore runs on an empty database
+        finally:
+            engine.dispose()
+        os.replace(building, template)                  # whole or absent, whichever home makes it first
+        return template
+    except Exception:
+        with contextlib.suppress(OSError):
+            building.unlink(missing_ok=True)
+        return None
+
+
+def _at_mlflow_head(db: Path) -> bool:
+    """Whether an SQLite file holds every table of MLflow's schema at its head revision (what SqlAlchemyStore
+    checks), read through an engine of its own: MLflow caches its store's engine per URI."""
+    from mlflow.store.db import utils as db_utils
+    engine = db_utils.create_sqlalchemy_engine(f"sqlite:///{db}")
+    try:
+        return db_utils._all_tables_exist(engine) and (
+            db_utils._get_schema_version(engine) == db_utils._get_latest_schema_revision())
+    except Exception:
+        return False
+    finally:
+        engine.dispose()
 
 
 def exists() -> bool:
