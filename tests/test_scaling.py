@@ -56,6 +56,26 @@ def test_ddl_run_refuses_a_bad_budget_with_exit_2_and_writes_nothing(ddl_home):
         "> 0 (tokens per non-embedding parameter)")
 
 
+def test_warmup_frac_sets_the_warmup_from_the_steps_the_budget_set():
+    """The same schedule shape at every horizon: the warmup is the share f of whatever steps the run has."""
+    for size in CPU_SIZES:
+        shaped = run(size, "ddl_dv4", tokens_per_param=0.75, warmup_frac=0.052)
+        assert shaped.train.warmup_steps == round(0.052 * shaped.train.steps)
+    tiny = run("tiny", tokens_per_param=0.75, warmup_frac=0.052)
+    assert tiny.train.steps == 577 and tiny.train.warmup_steps == 30       # the tuned study's runs, unchanged
+    assert tiny.signature() == run("tiny", tokens_per_param=0.75).signature()
+    assert "warmup_frac" not in tiny.effective_dict()["train"]
+    assert run("tiny", steps=100, warmup_frac=0.0).train.warmup_steps == 0
+    assert RunConfig.from_dict(tiny.to_dict()).signature() == tiny.signature()   # a checkpoint's config
+
+
+@pytest.mark.parametrize("bad", [1.5, 1, -0.1, float("nan"), True, "0.1"])
+def test_a_bad_warmup_share_is_one_line_naming_the_key(bad):
+    with pytest.raises(ValueError, match=r"^train\.warmup_frac=.*: must be null \(train\.warmup_steps sets the "
+                                         r"warmup\) or a number in \[0, 1\)"):
+        TrainConfig(warmup_frac=bad)
+
+
 def test_sizes_between_and_beyond_the_papers():
     from ddl.report.scaling import PAPER_N
     n = {size: non_embedding_params(model_config(size)) for size in (*CPU_SIZES, "small", "medium", "large")}
