@@ -156,7 +156,7 @@ class DeltaResidual(nn.Module):
         self.mapping = cfg.mapping
         self.read_k_from_context = cfg.dv == 1  # v-Map: phi_k(x_ctx) for d_v=1, phi_k(x_in) for d_v>1
         self.k_eps = cfg.k_eps
-        self.v_scale = cfg.v_sigmoid_scale * value_multiplier(cfg)   # µP: times sqrt(m)
+        self.v_scale = cfg.v_sigmoid_scale * value_multiplier(cfg)   # µP: times sqrt(m); CompleteP: the write's r
         self.beta_gate = make_beta_gate(cfg)
         self.W_v = nn.Linear(d, cfg.dv, bias=True)
         self.phi_k = nn.Linear(d, d, bias=False) if cfg.mapping == "v" else None
