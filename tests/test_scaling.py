@@ -208,10 +208,18 @@ def test_one_size_writes_no_view_across_sizes(module_ddl_home, synthetic):
     assert (folder / "scaling_loss.png").exists()
 
 
-def test_the_tuned_scaling_sweep_searches_micro_carries_to_tiny_and_mini_within_90_minutes(ddl_home):
-    out = run_cli("ddl-run", "-m", "+sweep=scaling_tuned", "--dry-run", env_extra={"COLUMNS": "200"})
+@pytest.mark.slow
+def test_the_tuned_scaling_sweep_refuses_its_horizons_and_with_an_exponent_carries_within_90_minutes(ddl_home):
+    out = run_cli("ddl-run", "-m", "+sweep=scaling_tuned", "--dry-run")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("ddl-run: error: tune.max_horizon_ratio=2: carrying train.lr from 74,752 to 590,848 "
+                           "tokens a run (7.9x)"), line
+    out = run_cli("ddl-run", "-m", "+sweep=scaling_tuned", "tune.horizon_exponent=0.5", "--dry-run",
+                  env_extra={"COLUMNS": "200"})
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     text = " ".join(out.stdout.split())
+    assert text.count("carried from micro, train.lr x 0.356") == 4 and text.count("train.lr x 0.232") == 4
     assert "4 rows searched at micro, 8 carried from there" in text
     for size in ("tiny", "mini"):
         assert all(f"{row}-{size} " in out.stdout for row in ("baseline", "ddl_dv1", "ddl_dv4", "ddl_dv4_ec"))

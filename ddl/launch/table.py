@@ -201,7 +201,7 @@ def search_plan_table(rows, tuning, launcher) -> _Printable:
                Column("seeds", 2, True), Column("runs at most", 1, True), Column("cost at most", 4, True)]
     seeds = "auto: " + ", ".join(map(str, tuning.seed_plan)) if tuning.seeds == "auto" else tuning.seeds
     table_rows = [[row.name, row.search, " ".join(d.spec() for d in row.space),
-                   f"carried from {row.source.size}" if row.source else str(tuning.trials), seeds, str(n),
+                   row.carried or str(tuning.trials), seeds, str(n),
                    f"{_minutes(c.cpu_seconds * n)} core-min" if c.cpu_seconds is not None else
                    f"{c.gpu_hours * n:.3g} GPU-h"] for row, c, n in zip(rows, costs, runs, strict=True)]
     wall = f", about {_minutes(wall_seconds(cpu, slots, cpus))} min wall on {plural(slots, 'slot')}" if cpu else ""
@@ -233,7 +233,7 @@ def search_result_table(rows, looks: dict, baseline_of) -> _Printable:
             gap += f" [{100 * diff.low / abs(diff.reference):+.1f}, {100 * diff.high / abs(diff.reference):+.1f}]"
         verdict = diff.verdict(False) if diff else ("(the baseline)" if base is None else "")
         values = " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.best.items())
-        values += f" (carried from {row.source.size})" if row.source else ""
+        values += f" ({row.carried})" if row.source else ""
         table_rows.append([row.name, values, f"{mean:.4f}", str(len(losses)), gap, verdict, row.search])
     caption = ("Intervals: paired by seed, at the confidence of the look that ended the row "
                "(ddl.tune.sequential); ddl-report draws the sensitivity curves.")

@@ -34,6 +34,7 @@ class RowSearch:
     job: Job                             # the row, its searched keys at their defaults
     space: list[Dimension]
     source: RowSearch | None = None      # a carried row: its row at tune.search_size, whose best it runs
+    factors: dict = field(default_factory=dict)    # ... its best values times these (the horizon rule)
     search: str = ""                     # the search's id: the row's signature and the space (and its source's)
     parent: str = ""                     # its parent MLflow run
     best: dict = field(default_factory=dict)       # the best trial's values
@@ -42,7 +43,7 @@ class RowSearch:
 
     def __post_init__(self) -> None:
         spec = json.dumps([self.job.signature, [d.spec() for d in self.space], self.job.tuning.sampler_seed,
-                           *([self.source.search] if self.source else [])])
+                           *([self.source.search] if self.source else []), *([self.factors] if self.factors else [])])
         self.search = hashlib.sha256(spec.encode()).hexdigest()[:10]
 
     @property
@@ -53,8 +54,16 @@ class RowSearch:
     def size(self) -> str:
         return size_name(self.job.run.model)
 
+    @property
+    def carried(self) -> str:
+        """'carried from micro', with what the horizon rule multiplies ('train.lr x 0.5'); '' for a searched row."""
+        if self.source is None:
+            return ""
+        return ", ".join([f"carried from {self.source.size}", *(f"{k} x {f:.3g}" for k, f in self.factors.items())])
+
     def parent_tags(self) -> dict:
-        carried = {"ddl.carried_from": self.source.size, "ddl.source_search": self.source.search} if self.source else {}
+        carried = {"ddl.carried_from": self.source.size, "ddl.source_search": self.source.search,
+                   **({"ddl.carry_factors": json.dumps(self.factors)} if self.factors else {})} if self.source else {}
         return {"ddl.row": self.name, "ddl.space": " ".join(d.spec() for d in self.space), **carried}
 
     def confirm_seeds(self, n: int) -> range:
@@ -101,12 +110,14 @@ def plan_rows(launcher, row_overrides: list[list[str]], space: list[Dimension]) 
     settings = {job.tuning for job in plan.jobs}
     if len(settings) > 1:
         raise ConfigError("tune.*: one setting for the whole sweep; a list of tune values is not a sweep axis")
-    return _carried(plan.jobs, space, settings.pop().search_size)
+    return _carried(plan.jobs, space, settings.pop())
 
 
-def _carried(jobs: list[Job], space: list[Dimension], size: str | None) -> list[RowSearch]:
+def _carried(jobs: list[Job], space: list[Dimension], tuning: TuneConfig) -> list[RowSearch]:
     """The rows; with tune.search_size, a row of another size is carried from the row of that size with its
-    row name, seed and label."""
+    row name, seed and label, its values moved by the horizon rule (ddl.tune.horizon)."""
+    from ..tune.horizon import carry_factors
+    size = tuning.search_size
     if size is None:
         return [RowSearch(job, space) for job in jobs]
     sizes = list(dict.fromkeys(size_name(job.run.model) for job in jobs))
@@ -121,7 +132,15 @@ def _carried(jobs: list[Job], space: list[Dimension], size: str | None) -> list[
         if key(job) not in searched:
             raise ConfigError(f"tune.search_size={size}: {job.name} has no row at {size} to carry its best from")
         source = searched[key(job)]
-        rows.append(source if source.job is job else RowSearch(job, space, source))
+        if source.job is job:
+            rows.append(source)
+            continue
+        try:
+            factors = carry_factors(source.job.run, job.run, [d.key for d in space], tuning.horizon_exponent,
+                                    tuning.max_horizon_ratio)
+        except ValueError as err:
+            raise ConfigError(f"{err} ({source.name} to {job.name})") from None
+        rows.append(RowSearch(job, space, source, factors))
     return rows
 
 
@@ -170,7 +189,7 @@ def _best(row: RowSearch) -> None:
     """The best trial's values (a carried row: its source's, found first), recorded on the parent run."""
     from ..track import searches
     if row.source is not None:
-        row.best = row.source.best
+        row.best = {key: value * row.factors.get(key, 1.0) for key, value in row.source.best.items()}
         return
     trials = [t for t in searches.runs_of(row.job.experiment, row.search) if t.role == "trial"]
     complete = [t for t in trials if t.state == "complete"]
