@@ -25,7 +25,7 @@ demo: install
 	$(MAKE) --no-print-directory report
 
 # Three pytest-xdist workers, each on its share of the cores: while one waits on a server, the others compute;
-# the tests that start private servers share one worker (tests/conftest.py, docs/testing.md).
+# the tests of each private server (SLURM, the team's MLflow) share one worker (tests/conftest.py, docs/testing.md).
 PYTEST := $(BIN)/python -m pytest -q -n 3 --dist loadgroup
 
 test: install lint

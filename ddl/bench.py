@@ -46,7 +46,7 @@ TARGETS = {"ddl_dv1": 1.05, "ddl_dv4": 1.25, "ddl_dv4_nh2": 1.25}
 MEMORY_TARGET = 1.5
 # Start-up, in seconds on a quiet 2-core machine: `ddl-run --help`, the dry run of the paper's small sweep, and
 # the plan of a 1,000-job seed study (its dry run).
-HELP_GOAL_S, DRY_RUN_GOAL_S, PLAN_GOAL_S = 0.8, 1.5, 15
+HELP_GOAL_S, DRY_RUN_GOAL_S, PLAN_GOAL_S = 0.5, 1.5, 15
 DRY_RUN = ["-m", "+sweep=paper_small", "hydra/launcher=slurm", "--dry-run"]
 PLAN_1000 = ["-m", "+variant=baseline,ddl_dv1,ddl_dv4,ddl_dv4_ec", "seed=range(0,250)", "model=micro", "--dry-run"]
 

@@ -65,30 +65,29 @@ def _sweep_without_m(argv: list[str]) -> str | None:
 
 
 def run_main() -> None:
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     from .launch.configs import ConfigError, conf_dir, register
 
     argv = ["dry_run=true" if a == "--dry-run" else a for a in sys.argv[1:]]
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us, to print them as one line
-    register()
     try:
         with _for_hydra(argv) as hydra_argv:
             sys.argv = [sys.argv[0], *hydra_argv]
             if not _print_help(str(conf_dir()), hydra_argv):
+                register()
                 _hydra_app(str(conf_dir()))()
     except ConfigError as err:
         print(f"ddl-run: error: {err}", file=sys.stderr)
-        sys.exit(2)
-    except (HydraException, OmegaConfBaseException) as err:
-        print(f"ddl-run: error: {_one_line(err, argv)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("ddl-run: stopped by SIGINT (its run, if one was opened, is KILLED); run the same command to resume "
               "from the last checkpoint", file=sys.stderr)
         sys.exit(130)
     except Exception as err:
+        from hydra.errors import HydraException         # imported here: `ddl-run --help` imports no Hydra
+        from omegaconf.errors import OmegaConfBaseException
+        if isinstance(err, (HydraException, OmegaConfBaseException)):
+            print(f"ddl-run: error: {_one_line(err, argv)}", file=sys.stderr)
+            sys.exit(2)
         from .launch.launcher import SweepFailed, SweepInterrupted
         from .train import Interrupted
         if isinstance(err, SweepFailed):
@@ -129,41 +128,28 @@ def _for_hydra(argv: list[str]):
 
 
 def _print_help(config_dir: str, argv: list[str]) -> bool:
-    """`ddl-run --help` (where no other config is named): Hydra's page from its template, the config groups
-    listed from one look at Hydra's config repository. Hydra's own --help copies the whole repository, every
-    stored config in it, for each of the ~80 lookups it makes to list the groups (0.6 s of its 0.9 s)."""
-    import copy
-    import string
-
+    """`ddl-run --help` (where no other config is named): the page of ddl.launch.help. Plain `--help` needs
+    neither Hydra nor torch; with overrides (`ddl-run model=small --help`) Hydra composes the config shown.
+    Hydra's own --help copies its whole config repository for each of the ~80 lookups it makes to list the
+    groups (0.6 s of its 0.9 s)."""
+    from .launch import help
+    from .launch.configs import register
+    if argv in (["--help"], ["-h"]):
+        print(help.page(help.default_config()))
+        return True
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import create_config_search_path, get_args_parser
     from hydra.core.hydra_config import HydraConfig
-    from hydra.core.object_type import ObjectType
     from hydra.types import RunMode
-    from omegaconf import OmegaConf
 
-    parser = get_args_parser()
-    args = parser.parse_args(argv)
+    args = get_args_parser().parse_args(argv)
     if not args.help or args.config_name or args.config_path or args.config_dir:
         return False
+    register()
     hydra = Hydra.create_main_hydra2(task_name="cli", config_search_path=create_config_search_path(config_dir))
     cfg = hydra.compose_config("config", args.overrides, run_mode=RunMode.RUN)
     HydraConfig.instance().set_config(cfg)
-    repository = hydra.config_loader.repository
-
-    def groups(parent: str = "") -> list[str]:
-        names = [f"{parent}/{g}" if parent else g for g in repository.get_group_options(parent, ObjectType.GROUP)]
-        return [found for name in names for found in (name, *groups(name))]
-
-    def listing(of_hydra: bool) -> str:
-        return "".join(f"{group}: {', '.join(sorted(options))}\n" for group in sorted(groups())
-                       if (group == "hydra" or group.startswith("hydra/")) == of_hydra
-                       and (options := repository.get_group_options(group, ObjectType.CONFIG)))
-
-    job = hydra.get_sanitized_cfg(copy.deepcopy(cfg), "job")
-    print(string.Template(cfg.hydra.help.template).substitute(
-        FLAGS_HELP=hydra.format_args_help(parser), HYDRA_CONFIG_GROUPS=listing(True),
-        APP_CONFIG_GROUPS=listing(False), CONFIG=OmegaConf.to_yaml(job, resolve=args.resolve)))
+    print(help.page(hydra.get_sanitized_cfg(cfg, "job"), resolve=args.resolve))
     return True
 
 

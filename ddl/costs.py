@@ -22,6 +22,16 @@ RECORDED_GPU = dict(card="H100", date="2026-11-26", baseline_mfu=0.298, copy_byt
                     peak_over_saved=1.31,
                     step_ratios={"ddl dv=1 conv=none mapping=k n_h=1 beta=linear": 1.458,
                                  "ddl dv=4 conv=none mapping=k n_h=1 beta=linear": 1.926})
+# What `make bench` measured on CPU (docs/performance.md, "Where it stands"): each arm's step time over the
+# baseline's, fused kernels, the bench's CPU config (d=256, 4 layers, T=256, batch 8), on a quiet 2-vCPU AMD EPYC VM.
+RECORDED_CPU = dict(machine="2-vCPU AMD EPYC VM", date="2026-11-26",
+                    step_ratios={"ddl dv=1 conv=none mapping=k n_h=1 beta=linear": 1.014,
+                                 "ddl dv=4 conv=none mapping=k n_h=1 beta=linear": 1.087,
+                                 "ddl dv=4 conv=cc mapping=k n_h=1 beta=linear": 1.077,
+                                 "ddl dv=4 conv=ec mapping=k n_h=1 beta=linear": 1.086})
+# The measures a verdict at equal compute can be read in: training FLOPs, or a device's measured step times.
+COMPUTE_MEASURES = {"flops": "training FLOPs", "cpu": f"CPU step time ({RECORDED_CPU['machine']})",
+                    "h100": f"{RECORDED_GPU['card']} step time (make gpu-check, {RECORDED_GPU['date']})"}
 BYTES_PER_PARAM = 16          # fp32 weights and gradients, AdamW's two moments
 TRAFFIC_TABLE = Path(__file__).with_name("traffic_table.json")
 
@@ -29,6 +39,29 @@ TRAFFIC_TABLE = Path(__file__).with_name("traffic_table.json")
 def training_flops(n_params: int, tokens: int) -> float:
     """Forward + backward FLOPs of training on `tokens` tokens: 6 N per token."""
     return 6.0 * n_params * tokens
+
+
+def delta_flops_per_token(model) -> float:
+    """The Delta update's own FLOPs a token, forward and backward (3x the forward), beyond its maps' matmuls (which 6N
+    counts): per update the state's read k^T X (2 d d_v), the rank-1 write (2 d d_v) and, with d_v > 1, the
+    compressor's taps over the state (2 K d d_v); two sublayers a layer, n_h updates each."""
+    if model.residual == "baseline":
+        return 0.0
+    d, dv = model.d_model, model.dv
+    per_update = 4 * d * dv + (2 * model.state_kernel * d * dv if dv > 1 else 0)
+    return 3.0 * 2 * model.n_layer * model.n_h * per_update
+
+
+def cost_ratio(model, baseline, n_params: int, base_params: int, measure: str) -> float | None:
+    """A model's training cost a token over its baseline's, in a measure of COMPUTE_MEASURES; None where the measure
+    has no figure for its arm (a step time the bench did not record)."""
+    if measure == "flops":
+        return ((training_flops(n_params, 1) + delta_flops_per_token(model))
+                / (training_flops(base_params, 1) + delta_flops_per_token(baseline)))
+    if model.residual == "baseline":
+        return 1.0
+    ratios = (RECORDED_CPU if measure == "cpu" else RECORDED_GPU)["step_ratios"]
+    return ratios.get(arm_key(model))
 
 
 def arm_key(model) -> str:

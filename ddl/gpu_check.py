@@ -10,7 +10,8 @@ Parts (--parts, comma-separated; default `step,resume`):
   loss is NaN, and the curves agree within bf16 noise.
 - tests (opt-in): the device-aware tests on CUDA (tests/test_triton_kernels.py, tests/test_model_bf16_compile.py).
 - profile (opt-in): the CUDA kernels of three compiled steps of each arm, by time (profile-<arm>.txt).
-- kernels (opt-in): each Delta op's Triton kernel alone (d_v=4, bf16 state): microseconds, bytes, the rate.
+- kernels (opt-in): each Delta op's Triton kernel alone (d_v=4, bf16 state): microseconds at 2-16 warps and as
+  chosen, bytes, the rate; and a sublayer's norm and gates, the fused op against the plain ops compiled.
 
 summary.json is rewritten after every part (and every arm), so a check cut short still leaves its figures.
 Without a CUDA GPU it says so in one line and exits 0; `--device cpu` runs the parts on the CPU at
@@ -45,6 +46,7 @@ MFU_TARGET, WALL_TARGET_S = 0.40, 480
 BATCH, SEQ = 16, 1024                                 # 16 x 1024 tokens a step, as the bench
 WARMUP, TIMED, ROUND = 5, 20, 5                       # steps per arm: warm-up, timed, timed per round
 RESUME_STEPS, RESUME_CKPT, RESUME_KILL_AFTER = 200, 100, 120
+KERNEL_WARPS = (2, 4, 8, 16)                          # the kernels part times each op at each
 # |loss difference| at a logged step: bf16 noise. Two identical d_v=4 runs on one H100 (2026-11-26) drifted up to 0.045
 # nats apart by step 60 (reductions whose order varies: the embedding's backward, attention's): a broken resume (the
 # schedule or the data restarted) is off by nats.
@@ -283,12 +285,38 @@ def kernels_part(device, size: str) -> dict:
     big = torch.empty(2 ** 28 if device.type == "cuda" else 2 ** 20, device=device, dtype=bf16)   # 512 MiB on a GPU
     copy_rate = 2 * big.numel() * 2 / timed(torch.Tensor.clone, big) * 1e6
     rows = {}
+    chosen = (triton_loops.ROW_WARPS, triton_loops.NORM_WARPS, triton_loops.TILE_WARPS)
     for name, args in calls.items():
         op = getattr(ops, name.split()[0].replace("key_backward", "update_backward"))
         moved = nbytes(args) + nbytes(op(*args))
+        by_warps = {}
+        for warps in KERNEL_WARPS if device.type == "cuda" else (None,):   # each op at each warps, then as chosen
+            if warps:
+                triton_loops.ROW_WARPS = triton_loops.NORM_WARPS = triton_loops.TILE_WARPS = warps
+            by_warps[warps or "chosen"] = timed(op, *args)
+        triton_loops.ROW_WARPS, triton_loops.NORM_WARPS, triton_loops.TILE_WARPS = chosen
         us = timed(op, *args)
-        rows[name] = {"us": us, "bytes": moved, "GB_per_s": moved / us / 1e3, "of_copy": moved / us * 1e6 / copy_rate}
-    return {"shape": {"B": B, "T": T, "dv": dv, "d": d, "L": L}, "copy_GB_per_s": copy_rate / 1e9, "ops": rows}
+        rows[name] = {"us": us, "bytes": moved, "GB_per_s": moved / us / 1e3, "of_copy": moved / us * 1e6 / copy_rate,
+                      "us_by_warps": by_warps}
+    return {"shape": {"B": B, "T": T, "dv": dv, "d": d, "L": L}, "copy_GB_per_s": copy_rate / 1e9, "ops": rows,
+            "norm_step_us": norm_step(device, x, gain, W_c, W_x, timed)}
+
+
+def norm_step(device, x, gain, W_c, W_x, timed) -> dict:
+    """A sublayer's norm and gates forward and backward (bf16 autocast): the fused op against the plain ops compiled
+    by inductor, microseconds."""
+    import torch
+
+    from .model.fused import FusedNormProjections, eager
+
+    def step(fn):
+        inputs = [t.detach().requires_grad_() for t in (x, gain, W_c, W_x)]
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            c, l_c, l_x = fn(*inputs, 1e-5)
+        (c.float().sum() + l_c.sum() + l_x.sum()).backward()
+
+    compiled = torch.compile(eager.norm_projections, fullgraph=True)
+    return {"fused": timed(step, FusedNormProjections.apply), "plain_compiled": timed(step, compiled)}
 
 
 def markdown(summary: dict) -> str:
@@ -321,6 +349,11 @@ def markdown(summary: dict) -> str:
                   "|---|---|---|---|---|"]
         lines += [f"| {name} | {row['us']:.1f} | {row['bytes'] / 1e6:.0f} | {row['GB_per_s']:.0f} "
                   f"| {row['of_copy']:.0%} |" for name, row in kernels["ops"].items()]
+        lines += ["", "Microseconds by warps: " + "; ".join(
+            f"{name} " + ", ".join(f"{w}: {us:.0f}" for w, us in row["us_by_warps"].items())
+            for name, row in kernels["ops"].items()),
+            "", f"A sublayer's norm and gates, forward and backward: {kernels['norm_step_us']['fused']:.0f} us fused, "
+                f"{kernels['norm_step_us']['plain_compiled']:.0f} us as plain ops compiled."]
         lines.append("")
     for part in ("tests", "profile"):
         if part in summary:

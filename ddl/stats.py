@@ -84,6 +84,27 @@ def seeds_to_resolve(std: float, effect: float, confidence: float = CONFIDENCE) 
 
 
 @dataclass(frozen=True)
+class Estimate:
+    """A mean with its t interval (None under two values)."""
+    n: int
+    mean: float
+    low: float | None
+    high: float | None
+
+
+def mean_interval(values, confidence: float = CONFIDENCE) -> Estimate | None:
+    """The mean of the values with its t interval; None for no values."""
+    values = list(values)
+    if not values:
+        return None
+    n, mean = len(values), sum(values) / len(values)
+    if n < 2:
+        return Estimate(n, mean, None, None)
+    half = t_quantile(n, confidence) * math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) / math.sqrt(n)
+    return Estimate(n, mean, mean - half, mean + half)
+
+
+@dataclass(frozen=True)
 class Slope:
     """The least-squares slope of y on x over n points, with its t interval (None under three points)."""
     n: int

@@ -64,14 +64,20 @@ if TEST_DEVICE.type == "cpu":
     _import_triton_kernels_interpreted()
 
 
-# The suite runs on three pytest-xdist workers (make test). The tests that start private servers (the SLURM
-# cluster, its decoy system files, the team's MLflow server) all run on one of them, in the order written:
-# each server is started once per worker, and the decoy /etc/slurm/slurm.conf is one file. The tests of a
-# module that builds a module-scoped fixture of its own (a sweep trained once, a UI server) run on one
+# The suite runs on three pytest-xdist workers (make test). The tests that start private servers run in two
+# groups, each on one worker, in the order written: the SLURM cluster with its decoy system files (each started
+# once, and the decoy /etc/slurm/slurm.conf is one file) and the team's MLflow server (started once). The tests
+# of a module that builds a module-scoped fixture of its own (a sweep trained once, a UI server) run on one
 # worker too, so that it is built once, not once per worker.
-SERVER_FIXTURES = {"slurm_cluster", "system_slurm_decoys", "team_server"}
-SERVER_MODULES = {"test_slurm.py", "test_slurm_gpu.py", "test_slurm_private.py", "test_team.py",
-                  "test_team_server.py"}
+SERVER_GROUPS = {"slurm": ({"slurm_cluster", "system_slurm_decoys"},
+                           {"test_slurm.py", "test_slurm_gpu.py", "test_slurm_private.py"}),
+                 "team": ({"team_server"}, {"test_team.py", "test_team_server.py"})}
+
+
+def _server_group(item) -> str | None:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    return next((group for group, (names, modules) in SERVER_GROUPS.items()
+                 if names & fixtures or item.path.name in modules), None)
 
 
 def _uses_own_module_fixture(item) -> bool:
@@ -84,8 +90,8 @@ def _uses_own_module_fixture(item) -> bool:
 @pytest.hookimpl(tryfirst=True)     # before xdist's own hook reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.path.name in SERVER_MODULES:
-            item.add_marker(pytest.mark.xdist_group("servers"))
+        if group := _server_group(item):
+            item.add_marker(pytest.mark.xdist_group(group))
         elif _uses_own_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
@@ -97,6 +103,13 @@ def pytest_runtest_setup(item):
             and "@" not in item.nodeid):
         pytest.fail(f"--dist loadgroup: the xdist group is not in the test id; pytest {pytest.__version__} with "
                     "this pytest-xdist cannot keep the server tests on one worker", pytrace=False)
+
+
+def slow_except(params: dict, *fast: str) -> list:
+    """A parametrization's values by id, each marked slow but those named `fast`: make test-fast keeps one
+    representative of a costly parametrized test, make test runs them all."""
+    return [pytest.param(value, id=name, marks=() if name in fast else pytest.mark.slow)
+            for name, value in params.items()]
 
 
 @pytest.fixture(scope="module")

@@ -58,7 +58,7 @@ def test_jobs_finished_in_another_experiment_are_reused_without_launching_anythi
         assert f"│ ddl_dv1-micro-s{seed} │ reused (from experiment first) │ val/loss" in out.stdout, out.stdout
     assert "0 finished, 2 reused (from experiment first), 0 skipped, 0 failed or stopped" in out.stdout
     assert not list((module_ddl_home / "sweeps" / "second").rglob("*.out")), "a job was launched"
-    assert elapsed < 60, f"took {elapsed:.0f} s"
+    assert elapsed < 300, f"took {elapsed:.0f} s"               # a bound (a launched job waits), not a timing
     from ddl.track import store
     c = store.client()
     first = {r.data.tags["ddl.signature"]: r for r in mlflow_runs("first")}

@@ -82,6 +82,7 @@ def test_rolling_loglikelihood_is_the_models_own_loss(checkpoint):
     assert total == pytest.approx(-loss.item() * (len(tokens) - 1), rel=1e-4)
 
 
+@pytest.mark.slow
 def test_a_hub_task_offline_is_one_clear_line_and_fast(checkpoint, monkeypatch, tmp_path):
     monkeypatch.setenv("DDL_HOME", str(tmp_path))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache

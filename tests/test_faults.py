@@ -19,9 +19,9 @@ from tests.conftest import VENV_BIN, logged_steps, mlflow_runs, run_cli
 SMOKE = ["model=micro", "train=smoke", "train.log_every=1"]     # 20 steps, every one logged
 
 
-def start(*args, **popen):
+def start(*args, env_extra=None, **popen):
     return subprocess.Popen([str(VENV_BIN / args[0]), *args[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, **popen)
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}, **popen)
 
 
 def wait_for(condition, timeout=600):
@@ -152,4 +152,4 @@ def test_ddl_ui_stopped_by_pid_takes_its_server_along(ddl_home):
     ui.send_signal(signal.SIGTERM)
     ui.communicate(timeout=60)
     assert ui.returncode == 0
-    wait_for(lambda: not serving(port), timeout=30)
+    wait_for(lambda: not serving(port), timeout=120)

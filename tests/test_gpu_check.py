@@ -12,6 +12,7 @@ import torch
 from ddl import gpu_check
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU: gpu-check would run")
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_0(tmp_path):
     done = subprocess.run([sys.executable, "-m", "ddl.gpu_check", "--out", str(tmp_path / "out")], capture_output=True,

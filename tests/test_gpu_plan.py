@@ -70,6 +70,11 @@ def test_a_job_too_big_for_its_gpus_is_refused_naming_what_fits(ddl_home):
     assert fits.returncode == 0, fits.stderr[-2000:]
 
 
+def test_a_gpu_memory_that_is_not_a_positive_number_is_refused(ddl_home):
+    assert refused("+sweep=paper_small", "hydra/launcher=slurm", "hydra.launcher.gpu_memory_gib=-5") == \
+        "ddl-run: error: hydra.launcher.gpu_memory_gib=-5: must be a number of GiB > 0"
+
+
 @pytest.mark.parametrize("override, message", [
     ("ddl.state_dtype=fp8", "state_dtype='fp8': must be one of auto, fp32, bf16"),
     ("model.state_dtype=bf16", "model.state_dtype: unknown key; did you mean ddl.state_dtype?"),   # a Delta knob

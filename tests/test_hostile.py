@@ -72,6 +72,7 @@ def test_a_misspelt_eval_task_is_found_before_training(ddl_home):
     assert_nothing_created(ddl_home)
 
 
+@pytest.mark.slow
 def test_a_file_that_is_not_utf8_stops_a_run_in_one_line_of_its_own_and_leaves_nothing(ddl_home, tmp_path_factory):
     corpus = tmp_path_factory.mktemp("corpus")
     (corpus / "a.txt").write_text("An English document. " * 100)

@@ -92,6 +92,7 @@ def test_a_lost_tracking_store_gets_the_run_back_from_its_folder_in_full(home, t
     assert curves() == ([5, 10, 15, 20], [10, 20])
 
 
+@pytest.mark.slow
 def test_a_garbled_tracking_store_is_refused_not_replaced(home):
     (home / "mlflow.db").write_bytes(b"not a database at all" * 100)
     out = run_cli("ddl-run", *SMOKE)

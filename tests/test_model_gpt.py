@@ -177,6 +177,7 @@ def test_time_conv_compressor_equals_depthwise_conv_then_read(T):
     assert_same_map_and_gradients(compress, lambda X: conv_then_read(X.mT), X, compress)
 
 
+@pytest.mark.slow
 def test_parameter_counts_match_the_paper():
     for size, paper in (("small", 124e6), ("medium", 353e6)):
         n_params = GPT(model_config(size)).num_params()
@@ -218,6 +219,7 @@ def assert_same_numbers(a, b, atol=1e-6):
         assert torch.allclose(grad, grads_b[name], atol=atol, rtol=1e-4), name
 
 
+@pytest.mark.slow
 def test_compiled_kernels_give_the_fused_numbers():
     """kernels=compiled (torch.compile of the plain forms) against the hand-fused default."""
     fused, compiled = micro(**VARIANTS["ddl_dv4_cc_ec"]), micro(kernels="compiled", **VARIANTS["ddl_dv4_cc_ec"])

@@ -85,6 +85,7 @@ def test_mup_settings_are_checked_and_sp_signatures_ignore_the_base_width():
         dataclasses.asdict(sp).keys() - set(LATER_FIELDS)
 
 
+@pytest.mark.slow
 def test_a_mup_run_through_ddl_run_records_its_parameterization(ddl_home):
     ran = run_cli("ddl-run", "model=micro", "train=smoke", "train.steps=4", "model.param=mup",
                   "model.mup_base_width=32", "experiment=mup")

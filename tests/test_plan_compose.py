@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from ddl.launch.configs import sweeps_dir
-from tests.conftest import run_cli
+from tests.conftest import run_cli, slow_except
 
 # The seed study at 48 jobs, with values of each kind the grammar has: a number in e notation,
 # null, a quoted string, a list, a key of a group's node beside its choice
@@ -44,7 +44,7 @@ def _multirun(args: list[str]):
         yield sweeper.launcher, sets + [[*row, end] for row in sets for dim in space for end in dim.ends()]
 
 
-@pytest.mark.parametrize("args", [*SWEEPS.values(), PRODUCT], ids=[*SWEEPS, "product"])
+@pytest.mark.parametrize("args", slow_except({**SWEEPS, "product": PRODUCT}, "smoke", "tuned"))
 def test_the_plan_composes_every_job_as_hydra_does(ddl_home, args):
     from hydra.core.utils import filter_overrides
 

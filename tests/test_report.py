@@ -138,3 +138,63 @@ def test_a_row_of_a_search_pairs_with_its_tuned_baseline_and_other_rows_pair_as_
               "baseline train.lr=0.001": 1e-3, "baseline train.lr=0.004": 4e-3}
     assert baseline_rows(frame(trials, searched=True)) == {"ddl_dv4 train.lr=0.001": "baseline train.lr=0.001",
                                                            "ddl_dv4 train.lr=0.004": "baseline train.lr=0.004"}
+
+
+@pytest.mark.slow
+def test_each_comparison_is_answered_at_equal_tokens_and_at_equal_compute(report, tmp_path):
+    """The loss table's comparisons gain the verdict at equal compute (training FLOPs by default): the baseline
+    stopped early, the DDL row read off its curve at the baseline's total. A measure with no figure for a row (the
+    H100's step times for CC) is one line, exit 2, nothing written."""
+    out_dir, _, _ = report
+    md = (out_dir / "table3.md").read_text()
+    assert "Δ at equal tokens [95% CI]" in md and "Δ % at equal compute (training FLOPs) [95% CI]" in md
+    dv4 = next(line for line in md.splitlines() if line.startswith("| DDL (d_v=4) | 2 |"))
+    assert "cost ratio 1.0" in dv4 and "the baseline stopped early" in dv4 and "of its curve" in dv4
+    out = run_cli("ddl-report", "--experiment", "report", "--compute", "h100", "--out", str(tmp_path / "gpu"))
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stdout[-2000:] + out.stderr[-2000:]
+    [line] = out.stdout.strip().splitlines()
+    assert line.startswith("ddl-report: error: --compute=h100: no H100 step time") and "ddl_dv4_cc" in line
+    assert not (tmp_path / "gpu").exists()
+
+
+def _runs(row: str, dv: int, steps: int, losses: dict, params: int = 1000):
+    import pandas as pd
+    return pd.DataFrame([{"run_id": f"{row}-{steps}-{seed}", "status": "FINISHED", "params.seed": seed,
+                          "metrics.final/val/loss": loss, "params.train.steps": str(steps), "params.model.row": row,
+                          "params.model.params": str(params), "params.model.residual": "baseline" if dv == 0 else "ddl",
+                          "params.model.dv": str(max(dv, 1)), "params.model.n_layer": "2", "params.model.d_model": "8"}
+                         for seed, loss in losses.items()])
+
+
+def test_at_equal_compute_the_costlier_row_is_read_where_its_cost_reaches_the_cheaper_ones_total():
+    """d_v=4 at the CPU's 1.087: read at step 100 / 1.087 of its curve, linear between its validations; with the
+    baseline trained 109 steps (100 x 1.087) it is compared there, measured."""
+    import pandas as pd
+
+    from ddl.report.compute import at_equal_compute
+    row, base = _runs("ddl_dv4", 4, 100, {"0": 2.0, "1": 2.1}), _runs("baseline", 0, 100, {"0": 2.2, "1": 2.4})
+    histories = pd.DataFrame([(f"ddl_dv4-100-{seed}", "val/loss", step, value) for seed, points in
+                              {"0": {50: 3.0, 100: 2.0}, "1": {50: 3.1, 100: 2.1}}.items()
+                              for step, value in points.items()], columns=["run_id", "key", "step", "value"])
+    found = at_equal_compute(row, base, histories, "cpu")
+    at = 100 / 1.087
+    read = {seed: v50 + (v100 - v50) * (at - 50) / 50 for seed, v50, v100 in (("0", 3.0, 2.0), ("1", 3.1, 2.1))}
+    assert found.ratio == pytest.approx(1.087) and f"step {at:.0f} of 100" in found.how
+    assert found.difference.mean == pytest.approx((read["0"] - 2.2 + read["1"] - 2.4) / 2)
+    longer = _runs("baseline", 0, 109, {"0": 2.15, "1": 2.3})
+    measured = at_equal_compute(row, base, histories, "cpu", longer=longer)
+    assert measured.how.startswith("measured: the baseline trained 109 steps")
+    assert measured.difference.mean == pytest.approx((2.0 - 2.15 + 2.1 - 2.3) / 2)
+
+
+def test_a_rows_cost_a_token_is_6n_and_the_delta_updates_own_or_a_recorded_step_time():
+    from ddl.costs import cost_ratio, delta_flops_per_token
+    from ddl.model import model_config, param_count
+    base, dv4 = (model_config("tiny", vocab_size=256, residual=r, dv=4) for r in ("baseline", "ddl"))
+    n, n_base = param_count(dv4), param_count(base)
+    assert delta_flops_per_token(dv4) == 3 * 2 * 4 * (4 * 128 * 4 + 2 * 4 * 128 * 4) and not delta_flops_per_token(base)
+    flops = (6 * n + delta_flops_per_token(dv4)) / (6 * n_base)
+    assert cost_ratio(dv4, base, n, n_base, "flops") == pytest.approx(flops)
+    assert cost_ratio(dv4, base, n, n_base, "cpu") == 1.087 and cost_ratio(dv4, base, n, n_base, "h100") == 1.926
+    dv2 = model_config("tiny", vocab_size=256, residual="ddl", dv=2)
+    assert cost_ratio(dv2, base, param_count(dv2), n_base, "cpu") is None      # no bench figure: UnknownCost

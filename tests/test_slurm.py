@@ -1,6 +1,8 @@
 """The cluster path against a real, private SLURM (scripts/slurm-local): sbatch jobs, failures, requeue."""
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -10,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import assert_two_ranks_trained, logged_steps, mlflow_runs, run_cli
-from tests.test_faults import start, wait_for
+from tests.test_faults import as_a_terminal_job, start, wait_for
 
 SLURM = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
          "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=20"]
@@ -132,7 +134,7 @@ def test_a_job_the_cluster_lost_ends_the_sweep_and_a_rerun_resumes_it(slurm, ddl
     canceller.join()
     said = out.stdout + out.stderr
     assert cancelled, "the job finished before it could be cancelled"
-    assert out.returncode == 1 and ended - cancelled[0] < 40, said[-6000:]
+    assert out.returncode == 1 and ended - cancelled[0] < 150, said[-6000:]     # not the run_cli timeout's 300 s
     assert "left the queue without a result (cancelled); re-run the sweep to resume it" in out.stdout
     assert "ddl-run: 1 of 1 job failed (1 lost: run the sweep again to resume)" in out.stderr
     assert "left running" not in said and "sacct" not in said and "accounting" not in said
@@ -148,15 +150,36 @@ def test_a_job_the_cluster_lost_ends_the_sweep_and_a_rerun_resumes_it(slurm, ddl
 
 
 @pytest.mark.slow
+def test_ctrl_c_while_a_job_is_submitted_stops_the_sweep(slurm, ddl_home, tmp_path):
+    """SIGINT at the moment of submission (an sbatch on PATH that sends it to the sweep, then runs the real
+    one): the sweep takes it once the job is queued, submits nothing more and exits 130, leaving the queued
+    job to the cluster. A sweep that ignored SIGINT while it submitted lost it and trained both jobs."""
+    wrapper = tmp_path / "bin" / "sbatch"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f"#!/bin/sh\nkill -INT $PPID\nexec {shutil.which('sbatch')} \"$@\"\n")
+    wrapper.chmod(0o755)
+    sweep = start("ddl-run", "-m", "residual=ddl,baseline", *MICRO, *SLURM, "experiment=interrupted",
+                  env_extra={"PATH": f"{wrapper.parent}:{os.environ['PATH']}"}, preexec_fn=as_a_terminal_job)
+    try:
+        out, err = sweep.communicate(timeout=300)
+    finally:
+        for job_id in _job_ids(ddl_home):
+            subprocess.run(["scancel", job_id], check=False)
+    assert sweep.returncode == 130, out[-3000:] + err[-3000:]
+    assert len(_job_ids(ddl_home)) == 1, out[-3000:]
+    assert "left running" in out and "not started" in out and "Traceback" not in err, out[-3000:] + err[-3000:]
+
+
+@pytest.mark.slow
 def test_ctrl_c_does_not_call_a_job_the_cluster_lost_left_running(slurm, ddl_home, monkeypatch):
     """A job cancelled as soon as it is queued, then Ctrl-C before the sweep gives it up by itself: its
     summary row says lost, not `left running on the cluster`."""
     monkeypatch.setenv("DDL_LOST_AFTER_S", "600")
-    sweep = start("ddl-run", "-m", *MICRO, *SLURM, "experiment=stopped")
+    sweep = start("ddl-run", "-m", *MICRO, *SLURM, "experiment=stopped", preexec_fn=as_a_terminal_job)
     wait_for(lambda: _job_ids(ddl_home) or sweep.poll() is not None, timeout=120)
     [job_id] = _job_ids(ddl_home)
     subprocess.run(["scancel", job_id], check=True)
-    wait_for(lambda: _squeue("-t", "all", "-j", job_id, "-o", "%T") == "CANCELLED", timeout=60)
+    wait_for(lambda: _squeue("-t", "all", "-j", job_id, "-o", "%T") == "CANCELLED", timeout=300)
     sweep.send_signal(signal.SIGINT)
     out, err = sweep.communicate(timeout=120)
     assert sweep.returncode == 130, out[-3000:] + err[-3000:]

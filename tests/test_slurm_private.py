@@ -32,7 +32,7 @@ def _job_prints_its_cluster(cluster, out_dir: Path) -> str:
     """A one-line batch job's output; polled (sbatch --wait polls at 2-10 s)."""
     out = out_dir / "job.out"
     job_id = _slurm(cluster, "sbatch", "--parsable", "-o", str(out), "--wrap", "echo $SLURM_CLUSTER_NAME").strip()
-    deadline = time.time() + 60
+    deadline = time.time() + 300
     while _slurm(cluster, "squeue", "-h", "-j", job_id, "-o", "%T").strip() and time.time() < deadline:
         time.sleep(0.2)
     return out.read_text().strip()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, VENV_BIN, run_cli
+from tests.conftest import ROOT, VENV_BIN, run_cli, slow_except
 
 PACKAGE = ROOT / "ddl"
 # Run a command ("$2"...) with the folder "$1" mounted read-only, in a mount namespace of its own: permission
@@ -96,7 +96,8 @@ def _hydras_own_help(overrides: list[str]) -> str:
     return page.getvalue()
 
 
-@pytest.mark.parametrize("overrides", [[], ["model=micro", "+sweep=smoke", "dv=4"]])
+@pytest.mark.parametrize("overrides", slow_except({"plain": [], "overrides": ["model=micro", "+sweep=smoke", "dv=4"]},
+                                                   "plain"))
 def test_ddl_run_help_prints_hydras_page(ddl_home, tmp_path, overrides):
     """ddl-run lists the config groups itself (Hydra's --help takes most of its time copying its config
     repository, once per group): the page is Hydra's own, to the character, and nothing is written."""
@@ -116,11 +117,23 @@ def test_ddl_run_help_prints_hydras_page(ddl_home, tmp_path, overrides):
     assert "micro" in groups["model"].split(", ") and not list(tmp_path.iterdir()) and not ddl_home.exists()
 
 
+def test_ddl_run_help_imports_neither_hydra_nor_torch(tmp_path):
+    """Plain --help composes the default config with OmegaConf alone (ddl.launch.help): Python's own import log
+    (-X importtime) names no hydra and no torch module."""
+    out = subprocess.run([str(VENV_BIN / "python"), "-X", "importtime", str(VENV_BIN / "ddl-run"), "--help"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0 and "== Config ==" in out.stdout, out.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "ddl.launch.help" in imported and "omegaconf" in imported
+    assert not {m for m in imported if m.split(".")[0] in ("hydra", "torch", "mlflow", "submitit")}
+
+
 def _read_only(folder: Path, *command: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(["unshare", "--mount", "sh", "-c", READ_ONLY, "sh", str(folder), *command], cwd=cwd,
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_dry_run_writes_nothing_and_works_where_ddl_home_and_the_working_directory_are_read_only(ddl_home,
                                                                                                   tmp_path):
     root, cwd = tmp_path / "read-only", tmp_path / "read-only" / "cwd"

@@ -219,26 +219,26 @@ print(f"{reads} {errors}")
 
 
 @pytest.mark.slow
-def test_sixteen_jobs_and_four_readers_at_once_against_the_server(team_server, tmp_path):
-    """16 jobs (2 at a time) log while 4 processes read through the REST API, each going over every run's
+def test_eight_jobs_and_four_readers_at_once_against_the_server(team_server, tmp_path):
+    """8 jobs (2 at a time) log while 4 processes read through the REST API, each going over every run's
     curve every 2 s: no error anywhere, and every run holds each of its steps once."""
     stop = tmp_path / "stop"
     readers = [subprocess.Popen([str(VENV_BIN / "python"), "-c", READER, team_server.uri, "load", str(stop)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
     try:
-        out = run_cli("ddl-run", "-m", "seed=range(16)", "model=micro", "train=smoke", "train.warmup_steps=5",
+        out = run_cli("ddl-run", "-m", "seed=range(8)", "model=micro", "train=smoke", "train.warmup_steps=5",
                       "hydra.launcher.max_parallel=2", "experiment=load",
                       env_extra=home_env(team_server, tmp_path / "home"))
     finally:
         stop.touch()
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "16 finished, 0 skipped, 0 failed" in out.stdout
+    assert "8 finished, 0 skipped, 0 failed" in out.stdout
     for reader in readers:
         stdout, stderr = reader.communicate(timeout=120)
         reads, errors = map(int, stdout.split())
-        assert reader.returncode == 0 and errors == 0 and reads > 16, stderr[-2000:]
+        assert reader.returncode == 0 and errors == 0 and reads > 8, stderr[-2000:]
     client, runs = server_runs(team_server, "load")
-    assert len(runs) == 16 and {r.info.status for r in runs} == {"FINISHED"}
+    assert len(runs) == 8 and {r.info.status for r in runs} == {"FINISHED"}
     for run in runs:
         assert [step for step, _ in curve(client, run)] == [5, 10, 15, 20]
         assert [step for step, _ in curve(client, run, "val/loss")] == [10, 20]
@@ -247,7 +247,7 @@ def test_sixteen_jobs_and_four_readers_at_once_against_the_server(team_server, t
 @pytest.mark.slow
 def test_a_server_that_stays_down_fails_the_job_in_one_line_with_its_checkpoint_intact(team_server, tmp_path):
     home = tmp_path / "home"
-    job = ["model=micro", "train=smoke", "train.steps=3000", "train.ckpt_every=500", "train.eval_every=500",
+    job = ["model=micro", "train=smoke", "train.steps=3000", "train.ckpt_every=100", "train.eval_every=100",
            "seed=7", "experiment=down"]        # seed 7: not the outage test's job, which the server holds FINISHED
     env = {**os.environ, **home_env(team_server, home, DDL_STORE_PATIENCE_S="5", MLFLOW_HTTP_REQUEST_MAX_RETRIES="1",
                                     MLFLOW_HTTP_REQUEST_TIMEOUT="5")}
@@ -269,4 +269,4 @@ def test_a_server_that_stays_down_fails_the_job_in_one_line_with_its_checkpoint_
     from ddl.train import checkpoint
     [run_dir] = (home / "runs").iterdir()
     path, state = checkpoint.newest_intact(run_dir)
-    assert state["step"] >= 500 and path.is_file()
+    assert state["step"] >= 100 and path.is_file()

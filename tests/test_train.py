@@ -170,6 +170,7 @@ def run_two_ranks(script: str, out, data_root) -> list[int]:
     return [p.wait(timeout=180) for p in procs]
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_path, data_root):
     single = Recorder()
     train(micro_run(), tmp_path / "single", single, "sig", data_root=data_root)
@@ -203,6 +204,7 @@ DDP_SIGNAL_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, data_root):
     assert run_two_ranks(DDP_SIGNAL_SCRIPT, tmp_path, data_root) == [0, 0]
     for rank in (0, 1):
@@ -221,6 +223,7 @@ def test_invalid_train_configs(kwargs, key):
         TrainConfig(**kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_freed_activations_are_reused_without_page_faults():
     """train() calls keep_freed_memory(): a step that allocates and frees the same tensors again

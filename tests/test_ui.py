@@ -168,7 +168,7 @@ def test_a_sigkill_of_ddl_ui_takes_its_server_and_the_servers_workers_along(ddl_
         assert _serving(port) and any("uvicorn" in cmd for cmd in server.values()), server
         process.kill()
         process.wait()
-        deadline = time.monotonic() + 30                              # a bound, not a measurement
+        deadline = time.monotonic() + 120                             # a bound, not a measurement
         while not (ui.port_is_free("127.0.0.1", port) and all(map(_gone, server))):
             assert time.monotonic() < deadline, {pid: cmd for pid, cmd in server.items() if not _gone(pid)}
             time.sleep(0.2)

@@ -138,17 +138,13 @@ def _run_claimed(cfg: DictConfig, job: Job, run_dir, launcher: str, job_key: str
         store.check(patience_s=0 if launcher == "none" else patience_s())
         done = status.finished_in(run_dir, job.signature, job.experiment, evaluations)
         elsewhere = None if done else store.finished_elsewhere(job.signature, job.experiment, evaluations)
-        rival = None if done or elsewhere else store.running_elsewhere(job.signature)
+        rival = None if done or elsewhere else store.running_elsewhere(job.signature) or _trial_taken(job)
         if not (done or elsewhere or rival) and checkpoint.latest(run_dir) is None:
             checkpoints.fetch(job.signature, lambda step: checkpoint.path_for(run_dir, step))
     except ValueError as err:   # the store cannot be used, a damaged journal or download
         raise ConfigError(str(err)) from None
     if done:
-        status.announce(run_dir, job_key, "finished before; skipped")
-        by = f", trained by {done.trained_by}" if done.trained_by else ""
-        print(f"{job.name} [{job.signature}]: already finished in '{job.experiment}' (MLflow run {done.run_id}{by}); "
-              f"skipped")
-        return {"signature": job.signature, "status": "skipped", "run_id": done.run_id, "final": done.final}
+        return _skipped(job, run_dir, job_key, done)
     if elsewhere:
         status.announce(run_dir, job_key, status.reused(elsewhere.experiment))
         return _reuse(job, run_dir, elsewhere)
@@ -157,12 +153,37 @@ def _run_claimed(cfg: DictConfig, job: Job, run_dir, launcher: str, job_key: str
     status.announce(run_dir, job_key, TRAIN)      # before the trainer's set-up, where the ranks meet
     trainer = _set_up(job, run_dir)
     run = _open_run(job, run_dir, launcher, trainer.step)
-    rival = store.running_elsewhere(job.signature, besides=run.client.get_run(run.id))
-    if rival and job_key is None:  # another home started it at the same moment, and first (a job of several
-        run.lose_claim(rival)      # tasks, whose ranks have met already, goes on)
-        return _left(job, run_dir, job_key, f"{status.ELSEWHERE} ({rival})")
+    store.settle_claim()
+    opened = run.client.get_run(run.id)
+    # Another home started it at the same moment, and first, or has finished it since the look above: this home
+    # leaves it (a job of several tasks, whose ranks have met already, goes on).
+    rival = store.running_elsewhere(job.signature, besides=opened) or _trial_taken(job, besides=opened)
+    done = None if rival else store.finished(job.signature, job.experiment, evaluations)
+    if (rival or done) and job_key is None:
+        run.lose_claim(rival or f"MLflow run {done.run_id}, finished meanwhile")
+        return _skipped(job, run_dir, job_key, done) if done else _left(job, run_dir, job_key,
+                                                                        f"{status.ELSEWHERE} ({rival})")
     status.write(run_dir, state="running", name=job.name, run_id=run.id, reused_from=None, error=None, note=None)
     return _train(cfg, job, run_dir, run, trainer, launcher)
+
+
+def _skipped(job: Job, run_dir, job_key: str | None, done) -> dict:
+    """The job's signature is FINISHED in its experiment (store.Stored): nothing to train."""
+    status.announce(run_dir, job_key, "finished before; skipped")
+    by = f", trained by {done.trained_by}" if done.trained_by else ""
+    print(f"{job.name} [{job.signature}]: already finished in '{job.experiment}' (MLflow run {done.run_id}{by}); "
+          f"skipped")
+    return {"signature": job.signature, "status": "skipped", "run_id": done.run_id, "final": done.final}
+
+
+def _trial_taken(job: Job, besides=None) -> str | None:
+    """A search's trial number is claimed like a signature (searches.trial_taken): two homes that ask the same
+    number at once, with other values, train it once."""
+    tuning = job.tuning
+    if tuning.role != "trial":
+        return None
+    from ..track import searches
+    return searches.trial_taken(job.experiment, tuning.search, tuning.trial, job.signature, besides)
 
 
 def _train(cfg: DictConfig, job: Job, run_dir, run, trainer, launcher: str) -> dict:
@@ -207,8 +228,9 @@ def _pruner(job: Job, run_id: str):
 
     def stop_early(step: int, val_loss: float) -> str | None:
         curve[step] = val_loss
-        peers = [t for t in searches.runs_of(job.experiment, tuning.search, curves=True) if t.run_id != run_id]
-        if should_prune(peers, curve, job.run.train.steps, tuning):
+        peers = [t for t in searches.runs_of(job.experiment, tuning.search, curves=True, keys=tuning.keys)
+                 if t.run_id != run_id]
+        if should_prune(peers, curve, job.run.train.steps, tuning, job.searched):
             return f"pruned: val/loss {val_loss:.4f} above the median of the search's completed trials there"
         return None
     return stop_early

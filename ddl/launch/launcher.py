@@ -74,6 +74,8 @@ class SweepLauncher(BaseSubmititLauncher):
         its ranks' micro-batches, or (with GPUs) its estimated memory exceeds a GPU's (gpu_memory_gib). Each names
         the micro-batches that would do."""
         from .estimate import job_cost, with_micro_batch
+        if self.gpu_memory_gib is not None and not self.gpu_memory_gib > 0:
+            raise ConfigError(f"hydra.launcher.gpu_memory_gib={self.gpu_memory_gib:g}: must be a number of GiB > 0")
         world = (self.params.get("nodes") or 1) * (self.params.get("tasks_per_node") or 1)
         gpus = self.params.get("gpus_per_node") or 0
         for job in jobs:
@@ -237,7 +239,7 @@ class SweepLauncher(BaseSubmititLauncher):
                         elif not self._stop_local_job(handle):
                             outcomes[signature] = Result("left running", f"on the cluster as job {handle.job_id}")
                             del running[signature]
-                while pending and len(running) < limit:
+                while pending and len(running) < limit and not stop.received:   # a Ctrl-C while submitting
                     idx, job = pending.pop(0)
                     with _children_ignore_sigint():
                         running[job.signature] = executor.submit(self, job.overrides, "hydra.sweep.dir", idx,
@@ -309,11 +311,13 @@ def _has_ended(handle) -> bool:
 
 @contextlib.contextmanager
 def _children_ignore_sigint():
-    """A job started here ignores Ctrl-C (an ignored signal is inherited): the terminal's SIGINT reaches
-    the whole process group, and submitit's local controller would SIGKILL its tasks a second later,
-    before they close their runs. The launcher itself stops them with SIGTERM instead."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """A job started here ignores Ctrl-C: the terminal's SIGINT reaches the whole process group, and submitit's
+    local controller would SIGKILL its tasks a second later, before they close their runs; the launcher stops
+    them with SIGTERM instead. SIGINT is blocked while the job is submitted: its processes inherit the mask,
+    where a SIGINT waits for ever, and a Ctrl-C that arrives meanwhile waits for the sweep, whose handler takes
+    it as the block ends (ignoring the signal instead, as the sweep once did, lost it)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

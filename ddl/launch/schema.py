@@ -93,7 +93,7 @@ RunSchema = _schema("RunSchema", [
     ("model", ModelGroup, _group(ModelGroup)), ("data", DataGroup, _group(DataGroup)),
     ("train", TrainGroup, _group(TrainGroup)), ("eval", EvalGroup, _group(EvalGroup)),
     ("ddl", DDLGroup, _group(DDLGroup)), ("tune", TuneGroup, _group(TuneGroup)),
-    *_keys(ModelConfig, AXES, default="yaml"), *_keys(RunConfig, ["seed"], default="yaml"),
+    *_keys(ModelConfig, AXES, default="yaml"), *_keys(RunConfig, ["seed", "replica"], default="yaml"),
     ("experiment", str, dataclasses.field(default=MISSING)),    # the MLflow experiment (one per sweep)
     ("dry_run", bool, dataclasses.field(default=MISSING)),      # print the job table, launch nothing
 ])

@@ -42,7 +42,7 @@ def run_config(cfg: DictConfig) -> RunConfig:
         axes = {axis: cfg[axis] for axis in AXES}
         model = model_config(model_node.pop("size"), vocab_size=data.model_vocab_size(), **axes,
                              **_group(cfg, "ddl"), **model_node)
-        return RunConfig(model, data, TrainConfig(**_group(cfg, "train")), cfg.seed)
+        return RunConfig(model, data, TrainConfig(**_group(cfg, "train")), cfg.seed, cfg.replica)
     except (TypeError, ValueError) as err:  # TypeError: a value of the wrong kind reached a check
         raise ConfigError(str(err)) from None
 

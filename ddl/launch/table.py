@@ -188,55 +188,72 @@ def job_table(jobs, gpus: int, slots: int, threads: int) -> _Printable:
 
 # -- a search (ddl.launch.tuning) -------------------------------------------------------------------
 def search_plan_table(rows, tuning, launcher) -> _Printable:
-    """A search's dry run: per row its space, trials (or the size it is carried from) and seeds, and its cost at
-    most (every trial trained to its end, every seed of the plan run); pruning and seeds that resolve early only
-    lower it."""
+    """A search's dry run: per row its space, trials (or the size it is carried from), replicates and seeds, and its
+    cost at most (every trial and bracket trial trained to its end, every seed of the plan run); pruning and seeds
+    that resolve early only lower it."""
     gpus, cpus = launcher.params.get("gpus_per_node") or 0, launcher.params.get("cpus_per_task") or 1
+    firsts = [row for row in rows if row.replicate == 0]
     slots = launcher.bound(len(rows) * tuning.trials)
-    runs = [tuning.seed_plan[-1] + (0 if row.source else tuning.trials - 1) for row in rows]
-    costs = [job_cost(row.job, gpus) for row in rows]
+    runs = [tuning.replicates * (tuning.seed_plan[-1] + (0 if row.source else tuning.trials + tuning.bracket_trials))
+            for row in firsts]
+    costs = [job_cost(row.job, gpus) for row in firsts]
     cpu = [c.cpu_seconds * n for c, n in zip(costs, runs, strict=True) if c.cpu_seconds is not None]
     gpu = sum(c.gpu_hours * n for c, n in zip(costs, runs, strict=True) if c.cpu_seconds is None)
-    columns = [Column("row"), Column("search"), Column("searched", 3), Column("trials", right=True),
-               Column("seeds", 2, True), Column("runs at most", 1, True), Column("cost at most", 4, True)]
+    columns = [Column("row"), Column("search", 5), Column("searched", 3), Column("trials", right=True),
+               Column("replicates", 4, True), Column("seeds", 2, True), Column("runs at most", 1, True),
+               Column("cost at most", 4, True)]
     seeds = "auto: " + ", ".join(map(str, tuning.seed_plan)) if tuning.seeds == "auto" else tuning.seeds
     table_rows = [[row.name, row.search, " ".join(d.spec() for d in row.space),
-                   row.carried or str(tuning.trials), seeds, str(n),
+                   row.carried or f"{tuning.trials} + {tuning.bracket_trials} bracket", str(tuning.replicates), seeds,
+                   str(n),
                    f"{_minutes(c.cpu_seconds * n)} core-min" if c.cpu_seconds is not None else
-                   f"{c.gpu_hours * n:.3g} GPU-h"] for row, c, n in zip(rows, costs, runs, strict=True)]
+                   f"{c.gpu_hours * n:.3g} GPU-h"] for row, c, n in zip(firsts, costs, runs, strict=True)]
     wall = f", about {_minutes(wall_seconds(cpu, slots, cpus))} min wall on {plural(slots, 'slot')}" if cpu else ""
-    carried = sum(row.source is not None for row in rows)
-    searched = (f"{plural(len(rows) - carried, 'row')} searched at {tuning.search_size}, {carried} carried from there "
-                f"(its row's best values, at seeds 0 up: no trials of their own)" if tuning.search_size
-                else plural(len(rows), 'row'))
+    carried = sum(row.source is not None for row in firsts)
+    searched = (f"{plural(len(firsts) - carried, 'row')} searched at {tuning.search_size}, {carried} carried from "
+                f"there (its row's best values, at fresh seeds: no trials of their own)" if tuning.search_size
+                else plural(len(firsts), 'row'))
     at_once = min(tuning.parallel or launcher.bound(len(rows) - carried), tuning.trials)
-    caption = (f"{searched}; at most {plural(sum(runs), 'job')}: " +
+    caption = (f"{searched}, each searched {plural(tuning.replicates, 'time')} independently (a replicate: its own "
+               f"TPE draws and seeds); at most {plural(sum(runs), 'job')}: " +
                ", ".join(filter(None, [cpu and f"{_minutes(sum(cpu))} core-min{wall}", gpu and f"{gpu:.3g} GPU-h"])) +
-               f". Trials {at_once} at a time per row, pruner {tuning.pruner}; the confirmation pairs each row's best "
-               f"with the tuned baseline of its size (alpha {tuning.alpha}).")
+               f". Trials {at_once} at a time per search, pruner {tuning.pruner} (never beside the best); each "
+               f"replicate's best at fresh seeds, paired with the tuned baseline's replicate (alpha {tuning.alpha}).")
     return _Printable(fitted("ddl-run: planned search (dry run, nothing launched)", columns, table_rows, caption))
 
 
-def search_result_table(rows, looks: dict, baseline_of) -> _Printable:
-    """Each row at its own best: the values found, the loss over the confirmation's seeds, and its paired gap
-    to the tuned baseline with the interval of the look that ended it."""
-    columns = [Column("row"), Column("best values"), Column("val loss", right=True), Column("seeds", 3, True),
-               Column("vs tuned baseline", right=True), Column("verdict", 2), Column("search", 4)]
+def search_result_table(rows, looks: dict, baseline_of, replicates_of) -> _Printable:
+    """Each row over its replicates: the best values each found, the row's loss (the mean over replicates of each
+    one's mean over its fresh seeds, with its 95% interval over replicates), and its gap to the tuned baseline with
+    the interval of the look that ended it."""
+    from ..stats import mean_interval
+    from ..tune.workflow import NOT_BRACKETED, verdict
+    columns = [Column("row"), Column("best values", 3), Column("val loss at its optimum [95% CI]", right=True),
+               Column("seeds", 4, True), Column("vs tuned baseline", right=True), Column("verdict", 2),
+               Column("search", 5)]
     table_rows = []
-    for row in rows:
-        losses = list(row.seeds.values())
-        mean = sum(losses) / len(losses) if losses else float("nan")
-        found, base = looks.get(row.search), baseline_of(row, rows)
+    for first in (row for row in rows if row.replicate == 0):
+        replicas = replicates_of(first, rows)
+        found, base = looks.get(first.search), baseline_of(first, rows)
+        means = [sum(r.seeds.values()) / len(r.seeds) for r in replicas if r.seeds]
+        estimate = mean_interval(means)
+        loss = "" if estimate is None else f"{estimate.mean:.4f}" + (
+            f" [{estimate.low:.4f}, {estimate.high:.4f}]" if estimate.low is not None else "")
         diff = found.difference if found else None
         gap = "" if diff is None or diff.relative is None else f"{diff.relative:+.1f}%"
         if diff is not None and diff.low is not None:
             gap += f" [{100 * diff.low / abs(diff.reference):+.1f}, {100 * diff.high / abs(diff.reference):+.1f}]"
-        verdict = diff.verdict(False) if diff else ("(the baseline)" if base is None else "")
-        values = " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.best.items())
-        values += f" ({row.carried})" if row.source else ""
-        table_rows.append([row.name, values, f"{mean:.4f}", str(len(losses)), gap, verdict, row.search])
-    caption = ("Intervals: paired by seed, at the confidence of the look that ended the row "
-               "(ddl.tune.sequential); ddl-report draws the sensitivity curves.")
+        bracketed = all(r.bracketed for r in replicas)
+        said = verdict(found, bracketed) if base is not None else (NOT_BRACKETED if not bracketed else "(baseline)")
+        values = "; ".join(" ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.best.items())
+                           + (f" (not bracketed: {', '.join(r.open)})" if r.open else "") for r in replicas)
+        values += f" ({first.carried})" if first.source else ""
+        seeds = "/".join(str(len(r.seeds)) for r in replicas)
+        table_rows.append([first.name, values, loss, seeds, gap, said, first.search])
+    caption = ("Each row searched once per replicate; its loss: each replicate's best at fresh seeds (never the seed "
+               "that selected it), the interval over replicates, which carries the search's luck; the gap: paired by "
+               "replicate, at the confidence of the look that ended the row (ddl.tune.sequential). ddl-report adds "
+               "the verdict at equal compute and the sensitivity curves.")
     return _Printable(fitted("ddl-run: tuned rows", columns, table_rows, caption))
 
 

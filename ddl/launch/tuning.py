@@ -1,21 +1,22 @@
-"""A sweep with a searched key (`'train.lr=tag(log, interval(3e-4, 3e-2))'`): each row's search, then its
-confirmation over seeds, as rounds of ordinary jobs through the sweep's own launcher.
+"""A sweep with a searched key (`'train.lr=tag(log, interval(3e-4, 3e-2))'`): each row's searches, then their
+confirmation over fresh seeds, as rounds of ordinary jobs through the sweep's own launcher.
 
-Each round asks every unfinished row's search (ddl.tune.search, from the trials the store holds) for its
-next `tune.parallel` trials, resumes its stopped ones, and launches them all as one batch: each trial is a
-job like any other (signature, dedup, claim, journal, resume), tagged with its search and trial number and
-a child of the row's parent run. A re-launch rebuilds every search from the store, so it trains no trial
-twice, and a second home on the same server continues the same searches. When every row has its trials,
-each row's best settings run at more seeds (seed 0 is the trial that found them), paired with the tuned
-baseline of the same size; `tune.seeds=auto` adds seeds a batch at a time until the row's gap resolves
-under the alpha-spending rule of ddl.tune.sequential, or the maximum is reached. With `tune.search_size`, only
-that size's rows are searched: every row of another size is carried, its row's best values there run at its
-confirmation's seeds (0 up: it has no trial), as a search of its own (an id, a parent run) with no trials.
+Each row is searched `tune.replicates` times, independently (each replicate its own search id, parent run, TPE
+draws and seeds). Each round asks ddl.tune.workflow what every unfinished replicate runs next, from the trials the
+store holds: new trials (TPE), its stopped trials to resume, and once it has its trials, what brackets its best
+(a pruned trial finished with the pruner off, or a trial beyond the edge); it launches them all as one batch.
+Each trial is a job like any other (signature, dedup, claim, journal, resume), tagged with its search and trial
+number and a child of its replicate's parent run. A re-launch rebuilds every search from the store, so it trains no
+trial twice, and a second home on the same server continues the same searches. Then each replicate's best runs
+at fresh seeds, look by look (ddl.tune.sequential), paired with the baseline's replicate of the same number; a
+row some replicate left unbracketed gets no verdict. With `tune.search_size`, only that size's rows are searched:
+replicate r of a row of another size is carried, running replicate r's best from there at its fresh seeds.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import time
 from dataclasses import dataclass, field
@@ -26,24 +27,29 @@ from ..tune.space import Dimension
 from .configs import ConfigError
 from .spec import Job, row_name, size_name
 
-WAIT_FOR_OTHERS_S = 30      # a round with nothing to launch while another home's trials run polls this often
+WAIT_FOR_OTHERS_S = 10      # a round with nothing to launch while another home's runs train polls this often
 
 
 @dataclass
 class RowSearch:
+    """One replicate of a row's search."""
     job: Job                             # the row, its searched keys at their defaults
     space: list[Dimension]
-    source: RowSearch | None = None      # a carried row: its row at tune.search_size, whose best it runs
-    factors: dict = field(default_factory=dict)    # ... its best values times these (the horizon rule)
-    search: str = ""                     # the search's id: the row's signature and the space (and its source's)
+    source: RowSearch | None = None      # a carried row: its row's replicate at tune.search_size, whose best it runs
+    replicate: int = 0
+    factors: dict = field(default_factory=dict)    # a carried row: its source's best times these (the horizon rule)
+    search: str = ""                     # the search's id: the row's signature, the space, replicate (and source)
     parent: str = ""                     # its parent MLflow run
     best: dict = field(default_factory=dict)       # the best trial's values
     best_loss: float | None = None
-    seeds: dict = field(default_factory=dict)      # seed -> final val/loss at the best values
+    open: list = field(default_factory=list)       # the edges of its best no finished trial brackets
+    seeds: dict = field(default_factory=dict)      # confirmation seed -> final val/loss at the best values
 
     def __post_init__(self) -> None:
         spec = json.dumps([self.job.signature, [d.spec() for d in self.space], self.job.tuning.sampler_seed,
-                           *([self.source.search] if self.source else []), *([self.factors] if self.factors else [])])
+                           *([self.source.search] if self.source else []),
+                           *([self.replicate] if self.replicate else []),       # replicate 0: the search before them
+                           *([self.factors] if self.factors else [])])
         self.search = hashlib.sha256(spec.encode()).hexdigest()[:10]
 
     @property
@@ -61,28 +67,46 @@ class RowSearch:
             return ""
         return ", ".join([f"carried from {self.source.size}", *(f"{k} x {f:.3g}" for k, f in self.factors.items())])
 
-    def parent_tags(self) -> dict:
+    @property
+    def bracketed(self) -> bool:
+        return bool(self.best) and not self.open
+
+    def parent_tags(self, row_search: str) -> dict:
         carried = {"ddl.carried_from": self.source.size, "ddl.source_search": self.source.search,
                    **({"ddl.carry_factors": json.dumps(self.factors)} if self.factors else {})} if self.source else {}
-        return {"ddl.row": self.name, "ddl.space": " ".join(d.spec() for d in self.space), **carried}
+        return {"ddl.row": self.name, "ddl.space": " ".join(d.spec() for d in self.space),
+                "ddl.replicate": str(self.replicate), "ddl.row_search": row_search, **carried}
+
+    def runs(self, *roles: str) -> list:
+        """The search's runs of these roles (trial, confirm) in the store, a damaged one left out (saying so)."""
+        from ..track import searches
+        return [t for t in searches.runs_of(self.job.experiment, self.search, keys=[d.key for d in self.space])
+                if t.role in roles]
 
     def confirm_seeds(self, n: int) -> range:
-        """The seeds its confirmation runs for a look at n seeds: all n for a carried row, else all but the
-        first, the trial that found the best."""
-        first = self.job.run.seed
-        return range(first + (self.source is None), first + n)
+        """The fresh seeds its confirmation runs for a look at n seeds a replicate."""
+        return self.job.tuning.confirm_seeds(self.job.run.seed, self.replicate, n)
 
-    def overrides(self, values: dict, role: str, number: int = -1, seed: int | None = None) -> list[str]:
-        """A trial's or confirmation run's overrides: the row's, the searched values, and its identity."""
+    def overrides(self, values: dict, role: str, number: int = -1, seed: int | None = None,
+                  extra: tuple[str, ...] = ()) -> list[str]:
+        """A trial's or confirmation run's overrides: the row's, the searched values, its seed and its identity
+        (a trial runs at its replicate's selection seed)."""
         dims = {d.key: d for d in self.space}
+        if seed is None and self.replicate:
+            seed = self.job.tuning.selection_seed(self.job.run.seed, self.replicate)
         return [*self.job.overrides, *(dims[key].override(value) for key, value in values.items()),
                 *([f"seed={seed}"] if seed is not None else []),
                 f"tune.keys=[{','.join(dims)}]", f"tune.search={self.search}", f"tune.parent={self.parent}",
-                f"tune.role={role}", f"tune.trial={number}"]
+                f"tune.role={role}", f"tune.trial={number}", *extra]
+
+
+def replicates_of(row: RowSearch, rows: list[RowSearch]) -> list[RowSearch]:
+    """The replicates of a row (its own included), in order."""
+    return [other for other in rows if other.job is row.job]
 
 
 def run(launcher, row_overrides: list[list[str]], space: list[Dimension]) -> list:
-    """The search of every row, then the confirmation; the dry run prints the plan and launches nothing."""
+    """The searches of every row, then the confirmation; the dry run prints the plan and launches nothing."""
     rows = plan_rows(launcher, row_overrides, space)
     tuning = rows[0].job.tuning
     if launcher.config.dry_run:
@@ -90,18 +114,29 @@ def run(launcher, row_overrides: list[list[str]], space: list[Dimension]) -> lis
         search_plan_table(rows, tuning, launcher).print()
         return []
     from ..track import searches
+    from .launcher import SweepFailed
     launcher.prepare_store({row.job.experiment for row in rows})
-    for row in rows:
-        row.parent = searches.parent_run(row.job.experiment, row.search,
-                                         f"{'carried' if row.source else 'search'} {row.name}", row.parent_tags())
+    try:
+        for row in rows:
+            first = replicates_of(row, rows)[0]
+            row.parent = searches.parent_run(row.job.experiment, row.search,
+                                             f"{'carried' if row.source else 'search'} {row.name}"
+                                             + (f" replicate {row.replicate}" if row.replicate else ""),
+                                             row.parent_tags(first.search))
+    except searches.DamagedSearch as err:
+        raise ConfigError(str(err)) from None
     index = _search(launcher, [row for row in rows if row.source is None], tuning)
-    _confirm(launcher, rows, tuning, index)
+    try:
+        _confirm(launcher, rows, tuning, index)
+    except searches.DamagedSearch as err:
+        raise SweepFailed(str(err)) from None
     return []
 
 
 def plan_rows(launcher, row_overrides: list[list[str]], space: list[Dimension]) -> list[RowSearch]:
     """The rows (one per distinct job), each composed and validated, and at each end of every range (or each
-    choice) too: a value the key cannot take is one line before anything runs."""
+    choice) too: a value the key cannot take is one line before anything runs. Each row is tune.replicates
+    searches."""
     plan = launcher.plan(row_overrides)
     for job in plan.jobs:
         launcher.plan([[*job.overrides, end] for d in space for end in d.ends()])
@@ -110,7 +145,14 @@ def plan_rows(launcher, row_overrides: list[list[str]], space: list[Dimension]) 
     settings = {job.tuning for job in plan.jobs}
     if len(settings) > 1:
         raise ConfigError("tune.*: one setting for the whole sweep; a list of tune values is not a sweep axis")
-    return _carried(plan.jobs, space, settings.pop())
+    tuning = settings.pop()
+    firsts = _carried(plan.jobs, space, tuning)
+    replicas: dict[int, list[RowSearch]] = {}
+    for first in sorted(firsts, key=lambda row: row.source is not None):      # a carried row's source first
+        sources = replicas[id(first.source)] if first.source else [None] * tuning.replicates
+        replicas[id(first)] = [first, *(RowSearch(first.job, space, sources[r], r, first.factors)
+                                        for r in range(1, tuning.replicates))]
+    return [replicate for first in firsts for replicate in replicas[id(first)]]
 
 
 def _carried(jobs: list[Job], space: list[Dimension], tuning: TuneConfig) -> list[RowSearch]:
@@ -140,42 +182,49 @@ def _carried(jobs: list[Job], space: list[Dimension], tuning: TuneConfig) -> lis
                                     tuning.max_horizon_ratio)
         except ValueError as err:
             raise ConfigError(f"{err} ({source.name} to {job.name})") from None
-        rows.append(RowSearch(job, space, source, factors))
+        rows.append(RowSearch(job, space, source, factors=factors))
     return rows
 
 
 def _search(launcher, rows: list[RowSearch], tuning: TuneConfig) -> int:
-    """Rounds until every row has its trials; returns the next job index."""
+    """Rounds until every replicate has its trials and its best is bracketed, or cannot be; returns the next job
+    index."""
     from ..track import searches
-    from ..tune.search import ask, grid_size
+    from ..tune.workflow import next_round
     from .launcher import SweepFailed
-    index, resumed, known = 0, set(), -1
+    index, resumed, known, refused = 0, set(), -1, {}
     while True:
         batch, waiting, counted = [], False, 0
         for row in rows:
-            trials = [t for t in searches.runs_of(row.job.experiment, row.search) if t.role == "trial"]
+            trials = row.runs("trial")
             counted += len(trials)
-            wanted = min(tuning.trials, grid_size(row.space) or tuning.trials)
-            stopped = [t for t in trials if t.state == "stopped"]
-            for trial in stopped:
+            step = next_round(trials, row.space, tuning, row.replicate, tuning.parallel or launcher.bound(len(rows)),
+                              refused.setdefault(row.search, []))
+            for trial in step.resume:
                 if trial.run_id in resumed:
                     raise SweepFailed(f"search {row.name}: trial {trial.number} (MLflow run {trial.run_id}) stopped "
                                       f"twice; its log says why")
                 resumed.add(trial.run_id)
                 batch.append(row.overrides(trial.values, "trial", trial.number))
-            waiting |= any(t.state == "running" for t in trials)
-            new = min(tuning.parallel or launcher.bound(len(rows)), wanted - len(trials))
-            asked = ask(trials, row.space, tuning, max(0, new))
-            batch += [row.overrides(values, "trial", len(trials) + i) for i, values in enumerate(asked)]
+            batch += [row.overrides(t.values, "trial", t.number, extra=("tune.pruner=none",)) for t in step.finish]
+            waiting |= step.waiting
+            taken = {t.number for t in trials} | searches.numbers_taken(row.job.experiment, row.search)
+            free = (n for n in itertools.count() if n not in taken)        # the lowest numbers no run holds
+            for values in step.new:
+                overrides = row.overrides(values, "trial", next(free))
+                if step.bracketing and not _valid(launcher, overrides):
+                    refused[row.search].append(values)      # beyond what the key may take: the edge stays open
+                    continue
+                batch.append(overrides)
         if not batch and not waiting:
             return index
-        if counted == known and not waiting:      # the last round's trials failed before their runs began
+        if counted == known and not waiting and not any(refused.values()):
             raise SweepFailed("the search's last trials failed before their MLflow runs began; the summary above "
                               "says why")
         known = counted
         if not batch:
-            print(f"ddl-run: waiting for trials another home is training ({WAIT_FOR_OTHERS_S} s)", flush=True)
-            time.sleep(WAIT_FOR_OTHERS_S)
+            if waiting:
+                _wait_for_others("trials")
             continue
         print(f"ddl-run: search round: {plural(len(batch), 'trial')}", flush=True)
         try:
@@ -185,92 +234,122 @@ def _search(launcher, rows: list[RowSearch], tuning: TuneConfig) -> int:
         index += len(batch)
 
 
-def _best(row: RowSearch) -> None:
-    """The best trial's values (a carried row: its source's, found first), recorded on the parent run."""
+def _valid(launcher, overrides: list[str]) -> bool:
+    """Whether a bracket trial's values (perhaps beyond the range) make a valid job."""
+    try:
+        launcher.plan([overrides])
+    except ConfigError:
+        return False
+    return True
+
+
+def _wait_for_others(what: str) -> None:
+    """Another home trains some of the search's runs (its claims won): wait for them, polling the store."""
+    print(f"ddl-run: waiting for {what} another home is training ({WAIT_FOR_OTHERS_S} s)", flush=True)
+    time.sleep(WAIT_FOR_OTHERS_S)
+
+
+def _best(row: RowSearch, tuning: TuneConfig) -> None:
+    """The replicate's best trial's values and the edges no trial brackets (a carried row: its source's, found
+    first), recorded on the parent run."""
     from ..track import searches
+    from ..tune.bracket import best, open_edges
     if row.source is not None:
-        row.best = {key: value * row.factors.get(key, 1.0) for key, value in row.source.best.items()}
+        row.best = {key: value * row.factors[key] if key in row.factors else value
+                    for key, value in row.source.best.items()}
+        row.open = row.source.open
         return
-    trials = [t for t in searches.runs_of(row.job.experiment, row.search) if t.role == "trial"]
-    complete = [t for t in trials if t.state == "complete"]
-    if not complete:
+    trials = row.runs("trial")
+    found = best(trials)
+    if found is None:
         raise ConfigError(f"search {row.name}: none of its {plural(len(trials), 'trial')} finished "
                           f"(each diverged, was pruned or failed); widen or move the range")
-    best = min(complete, key=lambda t: t.value)
-    row.best, row.best_loss = best.values, best.value
-    edges = [f"{d.key} at the edge of its range: widen the range" for d in row.space if _at_edge(d, best, complete)]
-    searches.record_best(row.search, row.parent, {"best/val_loss": best.value,
-                                                  **{f"best/{k}": v for k, v in best.values.items()
+    row.best, row.best_loss = found.values, found.value
+    row.open = [str(edge) for edge in open_edges(trials, row.space)]
+    searches.record_best(row.search, row.parent, {"best/val_loss": found.value,
+                                                  **{f"best/{k}": v for k, v in found.values.items()
                                                      if isinstance(v, (int, float))}},
-                         best.values, {"ddl.best_trial": best.number, "ddl.edge": "; ".join(edges)})
-
-
-def _at_edge(dim: Dimension, best, complete) -> bool:
-    """The best value is the lowest or highest one tried and within a tenth of the range of its end: the
-    optimum may lie beyond it."""
-    if dim.categorical:
-        return False
-    import math
-    value = best.values[dim.key]
-    tried = [t.values[dim.key] for t in complete]
-    scale = math.log10 if dim.log else float
-    near_low = scale(value) - scale(dim.low) <= dim.grid_step() and value <= min(tried)
-    near_high = scale(dim.high) - scale(value) <= dim.grid_step() and value >= max(tried)
-    return near_low or near_high
+                         found.values, {"ddl.best_trial": found.number, "ddl.unbracketed": "; ".join(row.open)})
 
 
 def baseline_of(row: RowSearch, rows: list[RowSearch]) -> RowSearch | None:
-    """The tuned baseline a row pairs with: the baseline row of its size, data and schedule."""
+    """The tuned baseline a replicate pairs with: the same replicate of the baseline row of its size, data, schedule
+    and replica (`replica`, an independent copy of a row); a baseline row of odd replica 2k+1 pairs with the
+    baseline of replica 2k, an A/A pair (sweeps/tuned_aa.yaml)."""
     job = row.job
+    if job.run.model.residual == "baseline":
+        if job.run.replica % 2 == 0:
+            return None
+        replica = job.run.replica - 1
+    else:
+        replica = job.run.replica
     for other in rows:
         base = other.job
-        if (base.run.model.residual == "baseline" and other is not row and size_name(base.run.model)
-                == size_name(job.run.model) and base.run.data == job.run.data and base.run.train == job.run.train):
+        if (base.run.model.residual == "baseline" and base is not job and other.replicate == row.replicate
+                and base.run.replica == replica and size_name(base.run.model) == size_name(job.run.model)
+                and base.run.data == job.run.data and base.run.train == job.run.train):
             return other
     return None
 
 
 def _confirm(launcher, rows: list[RowSearch], tuning: TuneConfig, index: int) -> None:
-    """Each row's best at more seeds, look by look (ddl.tune.sequential), until every row's gap to its tuned
-    baseline resolves or the plan's maximum is reached; then the result table."""
+    """Each bracketed row's replicates at fresh seeds, look by look (ddl.tune.sequential), until every row's gap to
+    its tuned baseline resolves or the plan's maximum is reached (a row with no bracketed baseline: its first look,
+    for its own estimate); then the result table."""
     from ..track import searches
     from ..tune.sequential import look
+    from ..tune.workflow import verdict
     from .launcher import SweepFailed
     from .table import search_result_table
     for row in sorted(rows, key=lambda r: r.source is not None):
-        _best(row)
-    plan, open_rows = tuning.seed_plan, list(rows)
-    looks = {}
+        _best(row, tuning)
+    firsts = [row for row in rows if row.replicate == 0]
+
+    def bracketed(first: RowSearch | None) -> bool:
+        return first is not None and all(r.bracketed for r in replicates_of(first, rows))
+
+    def seeds(first: RowSearch) -> dict:
+        return {r.replicate: r.seeds for r in replicates_of(first, rows)}
+    plan, looks = tuning.seed_plan, {}
+    open_rows = [first for first in firsts if bracketed(first)]
     for n in plan:
         wanted = {id(r): r for r in open_rows}
-        wanted.update({id(b): b for b in (baseline_of(r, rows) for r in open_rows) if b is not None})
-        batch = [row.overrides(row.best, "confirm", seed=seed) for row in wanted.values()
-                 for seed in row.confirm_seeds(n)]
+        wanted.update({id(b): b for b in (baseline_of(r, rows) for r in open_rows) if bracketed(b)})
+        replicas = [r for first in wanted.values() for r in replicates_of(first, rows)]
+        batch = [r.overrides(r.best, "confirm", seed=seed) for r in replicas for seed in r.confirm_seeds(n)]
         if batch:
-            print(f"ddl-run: confirmation at {plural(n, 'seed')}: {plural(len(batch), 'run')}", flush=True)
+            print(f"ddl-run: confirmation at {plural(n, 'seed')} a replicate: {plural(len(batch), 'run')}",
+                  flush=True)
             try:
                 launcher.launch(batch, index)
             except SweepFailed as err:
                 print(f"ddl-run: {err}; the confirmation goes on with the seeds that finished", flush=True)
             index += len(batch)
-        for row in wanted.values():
-            row.seeds = {t.seed: t.value for t in searches.runs_of(row.job.experiment, row.search)
-                         if t.state == "complete" and t.values == row.best}
-        for row in list(open_rows):
-            base = baseline_of(row, rows)
-            if base is None:
-                open_rows.remove(row)
+        while any(t.state == "running" for r in replicas for t in r.runs("confirm")):
+            _wait_for_others("confirmation runs")
+        for r in replicas:
+            fresh = set(r.confirm_seeds(plan[-1]))
+            r.seeds = {t.seed: t.value for t in r.runs("confirm")
+                       if t.state == "complete" and t.values == r.best and t.seed in fresh}
+        for first in list(open_rows):
+            base = baseline_of(first, rows)
+            if not bracketed(base):
+                open_rows.remove(first)
                 continue
-            looks[row.search] = found = look(row.seeds, base.seeds, plan, tuning.alpha)
+            looks[first.search] = found = look(seeds(first), seeds(base), plan, tuning.alpha)
             if found.done:
-                open_rows.remove(row)
+                open_rows.remove(first)
         if not open_rows:
             break
-    for row in rows:
-        base, found = baseline_of(row, rows), looks.get(row.search)
-        verdict = "" if found is None or found.difference is None else found.difference.verdict(False)
-        searches.record_best(row.search, row.parent, {}, row.best,
-                             {"ddl.verdict": verdict, "ddl.baseline_search": base.search if base else "",
-                              "ddl.look_level": f"{found.level:.4g}" if found else ""})
-        searches.close(row.search, row.parent)
-    search_result_table(rows, looks, baseline_of).print()
+    for first in firsts:
+        base, found = baseline_of(first, rows), looks.get(first.search)
+        said = verdict(found, bracketed(first) and (base is None or bracketed(base)))
+        for row in replicates_of(first, rows):
+            partner = baseline_of(row, rows)
+            searches.record_best(row.search, row.parent, {}, row.best,
+                                 {"ddl.verdict": said if base is not None else "",
+                                  "ddl.baseline_search": partner.search if partner else "",
+                                  "ddl.look_level": f"{found.level:.4g}" if found else "",
+                                  "ddl.look_seeds": str(found.n) if found else ""})
+            searches.close(row.search, row.parent)
+    search_result_table(rows, looks, baseline_of, replicates_of).print()

@@ -21,6 +21,7 @@ import pandas as pd
 from ..validation import safe_name
 from . import render
 from . import transfer
+from .compute import check_measure
 from .figures import layer_diagnostics, loss_curves, sensitivity
 from .scaling import CrossSize, cross_size
 from .scaling_figures import gap_figure, loss_figure
@@ -52,12 +53,15 @@ def _unit(runs: pd.DataFrame) -> str:
 
 
 def build(experiment: str, runs: pd.DataFrame, histories: pd.DataFrame, out_root: Path,
-          searches: pd.DataFrame | None = None) -> Report:
+          searches: pd.DataFrame | None = None, measure: str = "flops") -> Report:
+    """The report of one experiment; its verdicts at equal compute in `measure` (ddl.costs.COMPUTE_MEASURES), which
+    must price every row (ddl.report.compute.UnknownCost, before anything is written)."""
     runs = runs.assign(row=variant_rows(runs))
+    check_measure(runs, measure)
     sizes, unit = _sizes(runs), _unit(runs)
     searches = pd.DataFrame() if searches is None else searches
-    tables = [loss_table(runs, sizes, unit)]
-    tables += [t for t in [tuned_table(runs, searches, sizes, unit)] if t is not None]
+    tables = [loss_table(runs, sizes, unit, histories, measure)]
+    tables += [t for t in [tuned_table(runs, searches, sizes, unit, histories, measure)] if t is not None]
     tables += [t for t in [deltaproduct_table(runs, sizes, unit)] if t is not None]
     for shots, tasks in evaluated(runs):
         tables += [accuracy_table(runs, size, shots, tasks) for size in sizes]

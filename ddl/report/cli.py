@@ -14,22 +14,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ddl-report", description=__doc__)
     parser.add_argument("--experiment", nargs="+", help="MLflow experiments (default: every one with ddl runs)")
     parser.add_argument("--out", type=Path, default=None, help="report root (default: reports/ of the checkout)")
+    parser.add_argument("--compute", default="flops", metavar="MEASURE",
+                        help="the verdict at equal compute in: flops (training FLOPs, default), cpu or h100 (the "
+                             "step times the bench recorded there, ddl/costs.py)")
     args = parser.parse_args(argv)
     try:
-        return _report(args.experiment, args.out)
+        return _report(args.experiment, args.out, args.compute)
     except (ValueError, OSError) as err:   # a bad name or --out, a store that cannot be read
         detail = f"{err.filename}: {err.strerror}" if isinstance(err, OSError) and err.strerror else err
         print(f"ddl-report: error: {detail}")
         return 2
 
 
-def _report(names: list[str] | None, out: Path | None) -> int:
+def _report(names: list[str] | None, out: Path | None, measure: str = "flops") -> int:
     from rich.console import Console
 
     from ..track import store
     from ..track.query import ddl_experiments, load_histories, load_runs, load_searches
     from ..validation import safe_name
     from .build import build
+    from .compute import check_measure
 
     names = [safe_name("--experiment", name) for name in names or []]
     experiments = names or ([name for name in ddl_experiments() if _reportable(name)] if store.exists() else [])
@@ -37,13 +41,17 @@ def _report(names: list[str] | None, out: Path | None) -> int:
         print(f"ddl-report: no ddl runs in {paths.tracking_uri()}; run `ddl-run` or `make demo` first")
         return 1
     console = Console(width=None if sys.stdout.isatty() else 160)   # logs keep whole columns
+    found = {}
     for experiment in experiments:
         runs = load_runs(experiment) if store.exists() else None     # reading creates no store
         if runs is None or runs.empty:
             print(f"ddl-report: error: experiment={experiment!r}: no ddl runs there")
             return 2
+        check_measure(runs, measure)                # a measure that cannot price a row: before any report is written
+        found[experiment] = runs
+    for experiment, runs in found.items():
         histories = load_histories(list(runs["run_id"]), ["train/loss", "val/loss"])
-        report = build(experiment, runs, histories, out or paths.reports_dir(), load_searches(experiment))
+        report = build(experiment, runs, histories, out or paths.reports_dir(), load_searches(experiment), measure)
         _print_summary(console, experiment, report)
     return 0
 

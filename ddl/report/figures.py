@@ -125,7 +125,8 @@ def sensitivity(runs: pd.DataFrame, size: str, unit: str, out_dir: Path) -> list
         return []
     plt = pyplot()
     fig, axes = plt.subplots(1, len(keys), figsize=(7 * len(keys), 4.8), squeeze=False)
-    pruned = subset.get("tags.ddl.pruned", pd.Series(index=subset.index, dtype=object)).notna()
+    pruned = subset.get("tags.ddl.pruned", pd.Series(index=subset.index, dtype=object)).notna() \
+        & (subset["status"] != "FINISHED")                  # a pruned trial the bracket finished is a point
     for ax, key in zip(axes[0], keys, strict=True):
         x = _x(subset, key)
         for i, (row, group) in enumerate(subset.groupby("params.model.row", sort=True)):

@@ -12,6 +12,7 @@ import html
 import io
 
 from .scaling import PAPER_N, CrossSize, sections
+from ..costs import COMPUTE_MEASURES
 from ..stats import CONFIDENCE, seeds_to_resolve
 from .tables import BASELINE, PAPER_SIZES, Cell, Table, fmt_number, row_label
 
@@ -46,9 +47,11 @@ def comparison(table: Table, key: str) -> tuple[list[str], list[list[str]]]:
     """(headers, rows) of one compared column against the baseline; the paper's columns only where
     the paper has a value for some row."""
     sizes = [s for s in PAPER_SIZES if any(s in table.cells[r, key].paper_relative for r in table.rows)]
-    headers = ["Model", "seeds", f"Δ vs baseline [{table.interval}]", "Δ %", "verdict"] + \
-        [f"paper Δ % ({s})" for s in sizes] + \
-        ["seeds needed: ours" + (f" / paper's ({sizes[0]})" if sizes else "")]
+    at_compute = any(table.cells[r, key].compute is not None for r in table.rows)
+    headers = ["Model", f"{table.unit}s", f"Δ at equal tokens [{table.interval}]", "Δ %", "verdict"] + \
+        ([f"Δ % at equal compute ({COMPUTE_MEASURES[table.measure]}) [{table.interval}]", "verdict at equal compute",
+          "how"] if at_compute else []) + [f"paper Δ % ({s})" for s in sizes] + \
+        ["seeds needed: ours" + (f" / paper's ({sizes[0]})" if sizes else "")] * (table.unit == "seed")
     higher_is_better = next(c.higher_is_better for c in table.columns if c.key == key)
     lines = []
     for row in table.rows:
@@ -57,8 +60,10 @@ def comparison(table: Table, key: str) -> tuple[list[str], list[list[str]]]:
             continue
         paper = [f"{cell.paper_relative[s]:+.2f}%" if s in cell.paper_relative else "" for s in sizes]
         d = cell.versus
+        compute = _at_compute(cell.compute) if at_compute else []
         if d is None:
-            lines.append([row_label(row), str(cell.n), "no baseline run with a shared seed", "", ""] + paper + [""])
+            lines.append([row_label(row), str(cell.n), f"no baseline run with a shared {table.unit}", "", ""] + compute
+                         + paper + [""] * (table.unit == "seed"))
             continue
         interval = "" if d.low is None else \
             f" [{_signed(d.low, table.evaluation)}, {_signed(d.high, table.evaluation)}]"
@@ -69,8 +74,26 @@ def comparison(table: Table, key: str) -> tuple[list[str], list[list[str]]]:
                                   if sizes and sizes[0] in cell.paper_relative else [])
             needed = " / ".join(str(seeds_to_resolve(d.std, e) or "> 1000") for e in effects)
         lines.append([row_label(row), str(d.n), _signed(d.mean, table.evaluation) + interval, relative,
-                      d.verdict(higher_is_better)] + paper + [needed])
+                      d.verdict(higher_is_better)] + compute + paper + [needed] * (table.unit == "seed"))
     return headers, lines
+
+
+def relative_text(d) -> str:
+    """A paired difference in % of the reference's mean, with its interval: `-6.6% [-12.9, -0.3]`."""
+    if d is None or d.relative is None:
+        return ""
+    scale = 100 / abs(d.reference)
+    interval = "" if d.low is None else f" [{scale * d.low:+.1f}, {scale * d.high:+.1f}]"
+    return f"{d.relative:+.1f}%{interval}"
+
+
+def _at_compute(found) -> list[str]:
+    """The three cells of a loss at equal compute: its gap, its verdict and how it was read (the cost ratio)."""
+    if found is None:
+        return ["", "", ""]
+    d = found.difference
+    verdict = "" if d is None else d.verdict(False)
+    return [relative_text(d) or "no paired value", verdict, f"cost ratio {found.ratio:.3f}; {found.how}"]
 
 
 def compared(table: Table):
@@ -78,7 +101,8 @@ def compared(table: Table):
     for key, heading in table.compared:
         headers, lines = comparison(table, key)
         if lines:
-            yield f"{heading} against the baseline, paired by seed", headers, lines
+            yield f"{heading} against the baseline, paired by {table.unit}", headers, lines
+    yield from table.sections
 
 
 def _footnotes(table: Table) -> list[str]:

@@ -41,6 +41,7 @@ class Cell:
     seeds: dict[str, float] = field(default_factory=dict)     # seed -> value: what pairing reads
     versus: Difference | None = None                          # minus the baseline's, paired by seed
     paper_relative: dict[str, float] = field(default_factory=dict)   # paper size -> its % to its baseline
+    compute: object | None = None   # a loss at equal compute against the baseline's (ddl.report.compute.AtCompute)
     stderr: float | None = None     # evaluation: the per-run item-level stderr (mean over seeds)
     items: int | None = None        # evaluation: items scored per run
     marks: str = ""                  # provenance footnote marks
@@ -68,6 +69,9 @@ class Table:
     compared: list[tuple[str, str]] = field(default_factory=list)   # (column key, heading) paired with the baseline
     evaluation: bool = False         # accuracy cells: item counts and stderrs
     interval: str = f"{CONFIDENCE:.0%} CI"   # what the compared columns' intervals are
+    measure: str = "flops"           # the compute its verdicts at equal compute are read in (ddl.costs)
+    unit: str = "seed"               # what its comparisons pair: seed, or replicate (a tuned table)
+    sections: list = field(default_factory=list)   # (heading, headers, rows) shown under it, after its comparisons
 
     def rank(self) -> None:
         """Rank 1: better than every other cell of its column, resolved by the paired interval;
@@ -113,11 +117,20 @@ def row_label(row: str) -> str:
 SEARCHED = "tags.ddl.trial_values"
 
 
+def json_object(text) -> dict:
+    """A tag's JSON object; {} for no tag, or for one damaged in the store (the search left that run out too)."""
+    try:
+        found = json.loads(text) if isinstance(text, str) and text else {}
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def trial_values(runs: pd.DataFrame) -> pd.Series:
-    """Each run's searched values ({} for a run of no search)."""
+    """Each run's searched values ({} for a run of no search, or whose tag is damaged)."""
     if SEARCHED not in runs:
         return pd.Series([{}] * len(runs), index=runs.index)
-    return runs[SEARCHED].map(lambda text: json.loads(text) if isinstance(text, str) and text else {})
+    return runs[SEARCHED].map(json_object)
 
 
 NOT_SETTINGS = {"params.seed", "params.model.size", "params.model.row"}
@@ -241,12 +254,31 @@ def _pairs(runs: pd.DataFrame, shared: list[str]) -> dict[str, str]:
     return {row: found[0] for row, found in matches.items() if len(found) == 1}
 
 
-def _compare(table: Table, runs: pd.DataFrame, keys: list[str]) -> None:
-    """Pair each row's cells in `keys` with its baseline's, seed by seed."""
+def _compare(table: Table, runs: pd.DataFrame, keys: list[str], histories: pd.DataFrame | None = None) -> None:
+    """Pair each row's cells in `keys` with its baseline's, seed by seed; a loss (with `histories`) at equal compute
+    too (ddl.report.compute)."""
+    from .compute import at_equal_compute
     for row, base in baseline_rows(runs).items():
         for key in keys:
             cell = table.cells[row, key]
             cell.versus = paired(cell.seeds, table.cells[base, key].seeds)
+            if histories is not None and key.endswith("/val_loss"):
+                cell.compute = at_equal_compute(runs[runs["row"] == row], runs[runs["row"] == base], histories,
+                                                table.measure, longer=longer_runs(runs, base))
+
+
+def longer_runs(runs: pd.DataFrame, base: str) -> pd.DataFrame:
+    """Runs of the baseline row `base` but for their steps (its other rows, e.g. `baseline train.steps=628`): where it
+    was trained for a costlier row's compute."""
+    shared = [c for c in runs.columns if (c.startswith(("params.data.", "params.train.")) or c in BACKBONE)
+              and c != "params.train.steps"]
+    own = runs[runs["row"] == base]
+    if own.empty:
+        return own
+    setting = tuple(None if pd.isna(v) else str(v) for v in own[shared].iloc[0])
+    baselines = runs[(runs["row"].str.partition(" ")[0] == BASELINE) & (runs["row"] != base)]
+    same = baselines[shared].apply(lambda r: tuple(None if pd.isna(v) else str(v) for v in r) == setting, axis=1)
+    return baselines[same] if len(baselines) else baselines
 
 
 def _on_paper_data(runs: pd.DataFrame) -> bool:
@@ -254,13 +286,15 @@ def _on_paper_data(runs: pd.DataFrame) -> bool:
                                   for column, value in PAPER_DATA.items())
 
 
-def loss_table(runs: pd.DataFrame, sizes: list[str], unit: str) -> Table:
-    """Table 3: final validation loss and perplexity per size; each row's loss paired with its baseline's."""
+def loss_table(runs: pd.DataFrame, sizes: list[str], unit: str, histories: pd.DataFrame | None = None,
+               measure: str = "flops") -> Table:
+    """Table 3: final validation loss and perplexity per size; each row's loss paired with its baseline's, at equal
+    tokens and (with the runs' `histories`) at equal compute in `measure`."""
     paper = paper_values().query("table == 'table3'")
     columns = [Column(f"{size}/{m}", f"{size.capitalize()} {h}", False)
                for size in sizes for m, h in (("val_loss", "Valid Loss"), ("val_ppl", "Valid PPL"))]
     table = Table("table3", "Table 3: final validation loss and perplexity", _rows(runs), columns,
-                  compared=[(f"{size}/val_loss", f"{size.capitalize()} valid loss") for size in sizes])
+                  compared=[(f"{size}/val_loss", f"{size.capitalize()} valid loss") for size in sizes], measure=measure)
     for row in table.rows:
         for size in sizes:
             subset = runs[(runs["params.model.size"] == size) & (runs["row"] == row)]
@@ -273,7 +307,7 @@ def loss_table(runs: pd.DataFrame, sizes: list[str], unit: str) -> Table:
                     cell.paper = float(match.iloc[0])
                 table.cells[row, f"{size}/{metric}"] = cell
     for size in sizes:
-        _compare(table, runs[runs["params.model.size"] == size], [f"{size}/val_loss", f"{size}/val_ppl"])
+        _compare(table, runs[runs["params.model.size"] == size], [f"{size}/val_loss", f"{size}/val_ppl"], histories)
     table.note = f"Loss in {unit}." + (" Paper values beside runs on its data (FineWeb-Edu, GPT-2 tokens)."
                                        if any(c.paper is not None for c in table.cells.values()) else "")
     if runs.get("params.train.lr", pd.Series(dtype=str)).nunique() > 1:

@@ -1,7 +1,10 @@
-"""What tuning changed, from a search's runs: each row at its own best (mean ± std over the confirmation's
-seeds, paired with the tuned baseline at the confidence of the look that ended it), the best values found
-(flagged at the edge of their range), the gap at a value both rows tried (one seed), and whether tuning
-changed the verdict. Pure but for pandas: the runs and the searches' parent runs come from ddl.track.query.
+"""What tuning changed, from a search's runs. Each row's searches (its replicates, `tune.replicates`) are one row of
+the tuned table: its loss at its optimum (the mean over replicates of each replicate's best at its fresh seeds, never
+the seed that selected it) with the 95% interval over replicates, which carries the search's luck; the best values
+each replicate found (or "not bracketed"); against the tuned baseline's replicates, paired by replicate, the verdict
+at equal tokens (at the confidence of the look that ended it) and at equal compute (ddl.report.compute); the gap at
+a value both rows tried (one seed), and whether tuning changed the verdict. Pure but for pandas: the runs and the
+searches' parent runs come from ddl.track.query.
 """
 
 from __future__ import annotations
@@ -10,8 +13,14 @@ import json
 
 import pandas as pd
 
-from ..stats import CONFIDENCE, paired
-from .tables import BASELINE, PAPER_ROWS, Column, Table, _cell, family_and_n_h, row_label, trial_values
+from ..costs import COMPUTE_MEASURES
+from ..stats import CONFIDENCE, mean_interval, paired
+from ..tune.config import REPLICATE_STRIDE
+from ..tune.workflow import NOT_BRACKETED
+from .compute import at_equal_compute
+from .render import relative_text
+from .tables import (PAPER_ROWS, Cell, Column, Table, family_and_n_h, json_object, row_label,
+                     trial_values)
 
 
 def _of_search(runs: pd.DataFrame, search: str) -> pd.DataFrame:
@@ -22,65 +31,166 @@ def _at(runs: pd.DataFrame, values: dict) -> pd.DataFrame:
     return runs[trial_values(runs).map(lambda v: v == values)]
 
 
+def _confirmed(own: pd.DataFrame, best: dict) -> pd.DataFrame:
+    """A replicate's runs at its best at fresh seeds: its confirmation runs (never the trial that selected it)."""
+    at = _at(own, best)
+    return at[at.get("tags.ddl.role", pd.Series(index=at.index, dtype=str)) == "confirm"]
+
+
 def _found(runs: pd.DataFrame, searches: pd.DataFrame) -> list[tuple[pd.Series, pd.DataFrame, dict]]:
     """(parent run, its runs, its best values) per search that has runs and a best."""
     found = []
     for _, search in searches.iterrows():
         own = _of_search(runs, search["tags.ddl.search"])
-        if not own.empty and isinstance(search.get("tags.ddl.best_values"), str):
-            found.append((search, own, json.loads(search["tags.ddl.best_values"])))
+        best = json_object(search.get("tags.ddl.best_values"))
+        if not own.empty and best:
+            found.append((search, own, best))
     return found
 
 
 def best_runs(runs: pd.DataFrame, searches: pd.DataFrame) -> pd.DataFrame:
-    """Every search's runs at its best values (a searched row's best trial and confirmation, a carried row's
-    runs): each row at its own best, the runs the view across sizes pairs."""
-    return pd.concat([_at(own, best) for _, own, best in _found(runs, searches)] or [runs.iloc[:0]])
+    """Every search's confirmation runs at its best values (a carried row's runs): each row at its own best, the
+    runs the view across sizes pairs."""
+    return pd.concat([_confirmed(own, best) for _, own, best in _found(runs, searches)] or [runs.iloc[:0]])
 
 
 def tuned_note(searches: pd.DataFrame) -> str:
     """What the view across sizes of a searched experiment pairs: each row at its own best, searched where."""
     carried = sorted(set(searches.get("tags.ddl.carried_from", pd.Series(dtype=object)).dropna()) - {""})
     where = f"searched at {', '.join(carried)} and carried to the other sizes" if carried else "searched at each size"
-    return (f"Each row at its own best values ({where}), paired with the tuned baseline of its size; a search's "
-            "other trials are left out (the tuned table, the sensitivity figure).")
+    return (f"Each row at its own best values ({where}) at its fresh seeds, every replicate's, paired by seed with "
+            "the tuned baseline of its size; a search's trials are left out (the tuned table, the sensitivity figure).")
 
 
-def tuned_table(runs: pd.DataFrame, searches: pd.DataFrame, sizes: list[str], unit: str) -> Table | None:
+class _Row:
+    """A row's replicates at a size: each replicate's parent run, runs, best values and confirmation runs."""
+
+    def __init__(self, replicates: list[tuple[pd.Series, pd.DataFrame, dict]]):
+        self.replicates = sorted(replicates, key=lambda f: int(_tag(f[0], "tags.ddl.replicate") or 0))
+        self.parent, self.own, self.best = self.replicates[0]
+        self.name = self.own["params.model.row"].iloc[0]
+        self.size = self.own["params.model.size"].iloc[0]
+        self.confirmed = pd.concat([_confirmed(own, best) for _, own, best in self.replicates])
+        self.open = [f"{_tag(p, 'tags.ddl.replicate') or 0}: {_tag(p, 'tags.ddl.unbracketed')}"
+                     for p, _, _ in self.replicates if _tag(p, "tags.ddl.unbracketed")]
+
+    @property
+    def search(self) -> str:
+        return self.parent["tags.ddl.search"]
+
+    def seeds(self, n: int | None = None) -> dict:
+        """{replicate: its mean loss over its first n confirmation seeds (all, with no n)}."""
+        means = {}
+        for replicate, group in _replicate_values(self.confirmed).items():
+            values = [group[s] for s in sorted(group, key=int)][:n]
+            if values and (n is None or len(values) == n):
+                means[replicate] = sum(values) / len(values)
+        return means
+
+
+def _replicate_values(confirmed: pd.DataFrame) -> dict:
+    """{replicate: {seed: final val/loss}} of finished confirmation runs (a seed's replicate: seed // stride)."""
+    done = confirmed[(confirmed["status"] == "FINISHED") & confirmed["metrics.final/val/loss"].notna()] \
+        if "metrics.final/val/loss" in confirmed else confirmed.iloc[:0]
+    found: dict = {}
+    for seed, loss in zip(done["params.seed"], done["metrics.final/val/loss"], strict=True):
+        found.setdefault(int(seed) // REPLICATE_STRIDE, {})[seed] = float(loss)
+    return found
+
+
+def _by_replicate(values: dict) -> dict:
+    """{seed: loss} -> {replicate: mean loss}: the tuned table's unit."""
+    groups: dict = {}
+    for seed, loss in values.items():
+        groups.setdefault(int(seed) // REPLICATE_STRIDE, []).append(loss)
+    return {r: sum(v) / len(v) for r, v in groups.items()}
+
+
+def tuned_table(runs: pd.DataFrame, searches: pd.DataFrame, sizes: list[str], unit: str,
+                histories: pd.DataFrame | None = None, measure: str = "flops") -> Table | None:
     """A row per paper row (and per further search of it at a size), a column per size: the loss at the row's
-    best values over the confirmation's seeds, paired with its tuned baseline."""
+    optimum over its replicates; under it, per size, each row against its tuned baseline at equal tokens and at equal
+    compute."""
     found = _found(runs, searches) if not searches.empty else []
     if not found:
         return None
-    sizes = [s for s in sizes if any(own["params.model.size"].iloc[0] == s for _, own, _ in found)]
-    found.sort(key=lambda f: _place(f[1], sizes))
-    columns = [Column(f"{size}/val_loss", f"{size.capitalize()} valid loss", False) for size in sizes]
-    table = Table("tuned", "Each row at its own best (tuned)", [], columns,
-                  compared=[(f"{size}/val_loss", f"{size.capitalize()} valid loss at each row's best")
-                            for size in sizes], interval="CI at its last look")
-    by_search, notes = {}, []
+    groups: dict[str, list] = {}
     for search, own, best in found:
-        row, size = own["params.model.row"].iloc[0], own["params.model.size"].iloc[0]
-        if any(r == row and s == size for r, s, *_ in by_search.values()):
-            row = f"{row} search={search['tags.ddl.search']}"
-        if row not in table.rows:
-            table.rows.append(row)
-            table.cells.update({(row, f"{s}/val_loss"): _cell(own.iloc[:0], "final/val/loss", 1.0) for s in sizes})
-        table.cells[row, f"{size}/val_loss"] = _cell(_at(own, best), "final/val/loss", 1.0)
-        by_search[search["tags.ddl.search"]] = (row, size, search, own, best)
-    for row, size, search, own, best in by_search.values():
-        base = by_search.get(search.get("tags.ddl.baseline_search") or "")
-        level = search.get("tags.ddl.look_level")
-        confidence = 1 - float(level) if isinstance(level, str) and level else CONFIDENCE
-        cell = table.cells[row, f"{size}/val_loss"]
-        if base is not None:
-            cell.versus = paired(cell.seeds, table.cells[base[0], f"{size}/val_loss"].seeds, confidence)
-        notes.append(_row_note(row, size if len(sizes) > 1 else "", search, own, best, base, cell, confidence))
-    carried = "; a carried row's seeds all run its row's best from the search size" \
-        if any(_tag(search, "tags.ddl.carried_from") for search, _, _ in found) else ""
-    table.note = (f"Loss in {unit}, mean ± std over the confirmation's seeds (seed 0: the trial that found the "
-                  f"best{carried}). " + " ".join(notes))
+        groups.setdefault(_tag(search, "tags.ddl.row_search") or search["tags.ddl.search"], []).append(
+            (search, own, best))
+    rows = [_Row(replicates) for replicates in groups.values()]
+    sizes = [s for s in sizes if any(r.size == s for r in rows)]
+    rows.sort(key=lambda r: _place(r.own, sizes))
+    columns = [Column(f"{size}/val_loss", f"{size.capitalize()} valid loss at its optimum", False) for size in sizes]
+    table = Table("tuned", "Each row at its own optimum (tuned)", [], columns, interval="CI at its last look",
+                  measure=measure, unit="replicate")
+    labels, by_search = {}, {}
+    for row in rows:
+        label = row.name
+        if any(r.name == row.name and r.size == row.size for r in labels.values()):
+            label = f"{row.name} search={row.search}"
+        labels[label] = row
+        by_search.update({search["tags.ddl.search"]: (label, row) for search, _, _ in row.replicates})
+        if label not in table.rows:
+            table.rows.append(label)
+            table.cells.update({(label, f"{s}/val_loss"): Cell(marker="—") for s in sizes})
+        means = row.seeds()
+        table.cells[label, f"{row.size}/val_loss"] = _estimate_cell(means)
+    notes = []
+    for size in sizes:
+        lines = []
+        for label, row in labels.items():
+            if row.size != size:
+                continue
+            base = by_search.get(_tag(row.parent, "tags.ddl.baseline_search"))
+            line, tokens = _versus(label, row, base[1] if base else None, histories, measure)
+            lines.append(line)
+            notes.append(_row_note(label, size if len(sizes) > 1 else "", row, base[1] if base else None, tokens))
+        headers = ["Model", "replicates", "loss at its optimum [95% CI over replicates]", "best values",
+                   f"at equal tokens: Δ % [{table.interval}]", "verdict",
+                   f"at equal compute ({COMPUTE_MEASURES[measure]}): Δ %", "verdict at equal compute", "how"]
+        table.sections.append((f"{size.capitalize()}: each row at its optimum against the tuned baseline, paired by "
+                               "replicate", headers, lines))
+    carried = "; a carried row's replicates run its row's best from the search size" \
+        if any(_tag(r.parent, "tags.ddl.carried_from") for r in rows) else ""
+    table.note = (f"Loss in {unit}, mean ± std over replicates, each replicate its search's best at fresh seeds "
+                  f"(never the seed that selected it{carried}). " + " ".join(notes))
     return table
+
+
+def _estimate_cell(means: dict) -> Cell:
+    if not means:
+        return Cell(marker="—")
+    values = pd.Series(means)
+    return Cell(values.mean(), values.std() if len(values) > 1 else None, len(values), seeds=means)
+
+
+def _versus(label: str, row: _Row, base: _Row | None, histories, measure: str):
+    """A row's line under the tuned table (its estimate, best values, and its verdicts against the baseline), and its
+    difference at equal tokens."""
+    estimate = mean_interval(row.seeds().values())
+    loss = "" if estimate is None else f"{estimate.mean:.4f}" + (
+        f" [{estimate.low:.4f}, {estimate.high:.4f}]" if estimate.low is not None else "")
+    values = "; ".join(_values_text(best) for _, _, best in row.replicates)
+    if row.open:
+        values += f" (not bracketed: replicate {'; '.join(row.open)})"
+    carried = _tag(row.parent, "tags.ddl.carried_from")
+    values += f" (carried from {carried})" if carried else ""
+    line = [row_label(label), str(len(row.replicates)), loss, values]
+    if base is None:
+        return line + ["", "(the baseline)", "", "", ""], None
+    if row.open or base.open:
+        return line + ["", NOT_BRACKETED + ("" if row.open else " (the baseline)"), "", "", ""], None
+    level = _tag(row.parent, "tags.ddl.look_level")
+    confidence = 1 - float(level) if level else CONFIDENCE
+    n = _tag(row.parent, "tags.ddl.look_seeds")
+    tokens = paired(row.seeds(int(n) if n else None), base.seeds(int(n) if n else None), confidence)
+    compute = None if histories is None else at_equal_compute(row.confirmed, base.confirmed, histories, measure,
+                                                             confidence=confidence, unit=_by_replicate)
+    d = compute.difference if compute else None
+    return line + [relative_text(tokens), tokens.verdict(False) if tokens else "", relative_text(d),
+                   d.verdict(False) if d else "", f"cost ratio {compute.ratio:.3f}; {compute.how}" if compute else ""
+                   ], tokens
 
 
 def _place(own: pd.DataFrame, sizes: list[str]) -> tuple[int, int]:
@@ -100,26 +210,21 @@ def _values_text(values: dict) -> str:
     return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
 
 
-def _row_note(row, size: str, search, own, best, base, cell, confidence: float) -> str:
-    """A row's best values at `size` (and an edge flag; a carried row's are its row's from the size it is carried
-    from), its interval's confidence, and against the tuned baseline the gap at a value both tried, with whether
-    tuning changed the verdict."""
-    edge, carried = (_tag(search, f"tags.ddl.{tag}") for tag in ("edge", "carried_from"))
-    text = (f"{row_label(row)}{f' at {size}' if size else ''}: {f'carried from {carried}' if carried else 'best'} "
-            f"{_values_text(best)}" + (" (at the edge: widen the range)" if edge else ""))
-    if base is None or row.partition(" ")[0] == BASELINE:
-        return text + "."
-    text += f", paired at {confidence:.4g} confidence"
-    shared = _shared_gap(own, base[3])
-    tuned = cell.versus
-    if shared is None or tuned is None or tuned.relative is None:
+def _row_note(label: str, size: str, row: _Row, base: _Row | None, tokens) -> str:
+    """A row's best values at `size` (a carried row's are its row's from the size it is carried from) and against
+    the tuned baseline the gap at a value both first replicates tried, with whether tuning changed the verdict."""
+    carried = _tag(row.parent, "tags.ddl.carried_from")
+    text = (f"{row_label(label)}{f' at {size}' if size else ''}: {f'carried from {carried}' if carried else 'best'} "
+            + "; ".join(_values_text(best) for _, _, best in row.replicates))
+    shared = None if base is None else _shared_gap(row.own, base.own)
+    if shared is None or tokens is None or tokens.relative is None:
         return text + "."
     values, gap = shared
-    verdict = tuned.verdict(False)
+    verdict = tokens.verdict(False)
     changed = verdict != ("better" if gap < 0 else "worse")
-    return (text + f"; at a shared {_values_text(values)} (the baseline's best of the values both tried) "
-            f"{gap:+.1f}% (one seed: suggests {'better' if gap < 0 else 'worse'}), at each row's best "
-            f"{tuned.relative:+.1f}% ({verdict}): tuning {'changed' if changed else 'did not change'} the verdict.")
+    return (text + f"; at a shared {_values_text(values)} (the baseline's best of the values both first replicates "
+            f"tried) {gap:+.1f}% (one seed: suggests {'better' if gap < 0 else 'worse'}), at each row's optimum "
+            f"{tokens.relative:+.1f}% ({verdict}): tuning {'changed' if changed else 'did not change'} the verdict.")
 
 
 def _shared_gap(own: pd.DataFrame, baseline: pd.DataFrame) -> tuple[dict, float] | None:

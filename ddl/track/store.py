@@ -32,6 +32,7 @@ LOST_CLAIM_TAG = "ddl.lost_claim"     # on a deleted run: the home that started 
 HOME_ID_TAG, HOME_TAG, HEARTBEAT_TAG = "ddl.home_id", "ddl.home", "ddl.heartbeat"
 HEARTBEAT_S = 30          # a training run refreshes its heartbeat this often (with its metrics)
 STALE_AFTER_S = 180       # a RUNNING run silent this long is taken for dead (a killed job, a lost node)
+CLAIM_SETTLE_S = 2.0      # a claim on a shared store is judged this long after its run opened (settle_claim)
 HISTORY_PREFIXES = ("train/", "val/", "beta/", "erank/")   # the per-step curves a run logs while training
 PARENT_TAG = "mlflow.parentRunId"      # MLflow's own: a search's trials nest under its parent run in the UI
 SEARCH_FOLDER_PREFIX = "search-"       # runs/search-<id>/: the journal of a search's parent run
@@ -249,6 +250,15 @@ def finished_elsewhere(signature: str, experiment: str, evaluations=()) -> Store
              if names.get(run.info.experiment_id) != experiment and set(evaluations) <= evaluations_of(run)]
     found.sort(key=lambda run: REUSED_FROM_TAG in run.data.tags)
     return _stored(found[0], names[found[0].info.experiment_id]) if found else None
+
+
+def settle_claim() -> None:
+    """Wait, after opening a run that claims something (a signature, a search's parent, a trial number), until
+    a rival's run opened at the same moment is in a shared store: each client stamps its run's start time
+    before its request reaches the server, so a rival stamped earlier may land later. Past this wait, every
+    home sees the same first run. A home's own store has no rival home: no wait."""
+    if paths.tracking_uri() != paths.project_store_uri():
+        time.sleep(CLAIM_SETTLE_S)
 
 
 def running_elsewhere(signature: str, besides=None) -> str | None:

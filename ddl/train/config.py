@@ -123,10 +123,13 @@ class RunConfig:
     data: DataConfig
     train: TrainConfig
     seed: int = 0
+    replica: int = 0     # an independent copy of the run (an A/A pair's other row): its own init and data order
 
     def __post_init__(self) -> None:
         if not is_int(self.seed) or not 0 <= self.seed < SEED_LIMIT:
             raise ValueError(f"seed={shown(self.seed)}: must be an integer in [0, 2**63)")
+        if not is_int(self.replica) or not 0 <= self.replica < SEED_LIMIT:
+            raise ValueError(f"replica={shown(self.replica)}: must be an integer in [0, 2**63)")
         check_model_numbers(self.model)
         if self.model.vocab_size != self.data.model_vocab_size():
             raise ValueError(f"model.vocab_size={self.model.vocab_size}: the {self.data.tokenizer} tokenizer needs "
@@ -142,19 +145,30 @@ class RunConfig:
             warmup = round(self.train.warmup_frac * self.train.steps)
             object.__setattr__(self, "train", dataclasses.replace(self.train, warmup_steps=warmup))
 
+    @property
+    def rng_seed(self) -> int:
+        """The seed of the run's random streams (init, data order): its seed, or for replica r > 0 a hash of both,
+        so that a replica pairs with its row by seed while drawing nothing the row draws."""
+        if not self.replica:
+            return self.seed
+        return int(hashlib.sha256(f"{self.seed}:{self.replica}".encode()).hexdigest(), 16) % SEED_LIMIT
+
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
-        return cls(ModelConfig.from_saved(d["model"]), DataConfig(**d["data"]), TrainConfig(**d["train"]), d["seed"])
+        return cls(ModelConfig.from_saved(d["model"]), DataConfig(**d["data"]), TrainConfig(**d["train"]), d["seed"],
+                   d.get("replica", 0))
 
     def effective_dict(self) -> dict:
         """What changes the numbers: the signature is a hash of this (and the MLflow params are it).
         Not in it: the data fields the source ignores, when the run logs, validates and saves, a
-        model field added later while it holds the value earlier runs had (LATER_FIELDS), and the
+        model field added later while it holds the value earlier runs had (LATER_FIELDS), replica 0, and the
         token budget's c and the warmup's share f (what they change is the steps they set)."""
-        effective = RunConfig(self.model.effective(), self.data, self.train, self.seed).to_dict()
+        effective = RunConfig(self.model.effective(), self.data, self.train, self.seed, self.replica).to_dict()
+        if not self.replica:
+            del effective["replica"]             # replica 0 is the run itself: the signature runs had before it
         effective["data"] = self.data.source_params()
         for key, earlier in LATER_FIELDS.items():
             if effective["model"][key] == earlier:

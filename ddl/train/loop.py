@@ -159,13 +159,13 @@ class Trainer:
     def _setup_data(self, data_root: Path | None) -> None:
         self.dataset = open_dataset(prepare(self.run.data, root=data_root, progress=self.info.is_main))
         self.bytes_per_token = self.dataset.manifest["bytes_per_token"]["val"]
-        self.loader = BatchLoader(self.dataset.train, self.cfg.micro_batch, self.cfg.seq_len, seed=self.run.seed,
+        self.loader = BatchLoader(self.dataset.train, self.cfg.micro_batch, self.cfg.seq_len, seed=self.run.rng_seed,
                                   rank=self.info.rank, world_size=self.info.world_size)
         self.accum = self.cfg.grad_accum(self.info.world_size)
 
     def _setup_model(self) -> None:
         cfg = self.cfg
-        torch.manual_seed(self.run.seed)                                          # same init on every rank
+        torch.manual_seed(self.run.rng_seed)                                          # same init on every rank
         self.model = GPT(self.run.model).to(self.device)
         groups = optimizer_groups(self.model, self.run.model, cfg.lr, cfg.weight_decay)
         self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr,

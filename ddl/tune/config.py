@@ -1,7 +1,7 @@
 """A sweep's search settings (`tune.*`), checked before anything runs. Pure Python: no optuna here.
 
-The user sets `trials`, `seeds`, `max_seeds`, `parallel`, `pruner`, `prune_warmup`, `sampler_seed`, `alpha`,
-`search_size`, `horizon_exponent`, `max_horizon_ratio` (ddl/tune/horizon.py);
+The user sets `trials`, `replicates`, `bracket_trials`, `seeds`, `max_seeds`, `parallel`, `pruner`,
+`prune_warmup`, `sampler_seed`, `alpha`, `search_size`, `horizon_exponent`, `max_horizon_ratio` (ddl/tune/horizon.py);
 the search driver sets `keys`, `search`, `trial`, `parent` and `role` on the jobs it launches, which is how a job
 knows it is a trial (its MLflow tags, its pruning). None of it enters a run's signature.
 """
@@ -15,12 +15,18 @@ from ..validation import failure, is_finite, is_int, is_number
 _fail = failure("tune")
 ROLES = ("", "trial", "confirm")
 PRUNERS = ("median", "none")
+# Replicate r of a row's search draws its trials at the row's seed + STRIDE r and its confirmation at the seeds
+# after that one, and seeds TPE with sampler_seed + STRIDE r: replicates never share a seed or a draw, and
+# replicate 0 is the search as it was before replicates (its id, seeds and draws).
+REPLICATE_STRIDE = 1000
 
 
 @dataclass(frozen=True)
 class TuneConfig:
-    trials: int = 8                 # trials per row's search
-    seeds: str = "3"                # seeds of the confirmation: an integer >= 1, or auto (add until resolved)
+    trials: int = 8                 # trials per search (each replicate of a row)
+    replicates: int = 3             # independent searches per row: the unit of the row's interval and verdict
+    bracket_trials: int = 2         # trials a search may add beyond an edge its best is not bracketed on
+    seeds: str = "3"                # fresh seeds per replicate at its best: an integer >= 1, or auto (until resolved)
     max_seeds: int = 9              # auto's maximum
     parallel: int | None = None     # trials asked at once per row (null: the launcher's parallel slots)
     pruner: str = "median"          # Optuna's MedianPruner on val/loss at the eval points, or none
@@ -41,10 +47,15 @@ class TuneConfig:
         object.__setattr__(self, "keys", tuple(self.keys))
         if not is_int(self.trials) or self.trials < 1:
             _fail("trials", self.trials, "must be an integer >= 1 (trials per row's search)")
-        if self.seeds != "auto" and not (self.seeds.isdigit() and int(self.seeds) >= 1):
-            _fail("seeds", self.seeds, "must be an integer >= 1 or auto")
-        if not is_int(self.max_seeds) or self.max_seeds < 3:
-            _fail("max_seeds", self.max_seeds, "must be an integer >= 3")
+        if not is_int(self.replicates) or not 1 <= self.replicates < REPLICATE_STRIDE:
+            _fail("replicates", self.replicates, f"must be an integer in [1, {REPLICATE_STRIDE}) (independent "
+                                                 f"searches per row; 3 or more give the row an interval)")
+        if not is_int(self.bracket_trials) or self.bracket_trials < 0:
+            _fail("bracket_trials", self.bracket_trials, "must be an integer >= 0")
+        if self.seeds != "auto" and not (self.seeds.isdigit() and 1 <= int(self.seeds) < REPLICATE_STRIDE):
+            _fail("seeds", self.seeds, f"must be an integer in [1, {REPLICATE_STRIDE}) or auto")
+        if not is_int(self.max_seeds) or not 3 <= self.max_seeds < REPLICATE_STRIDE:
+            _fail("max_seeds", self.max_seeds, f"must be an integer in [3, {REPLICATE_STRIDE})")
         if self.parallel is not None and (not is_int(self.parallel) or self.parallel < 1):
             _fail("parallel", self.parallel, "must be null or an integer >= 1")
         if self.pruner not in PRUNERS:
@@ -63,6 +74,15 @@ class TuneConfig:
             _fail("max_horizon_ratio", self.max_horizon_ratio, "must be null or a number >= 1 (a ratio of tokens)")
         if self.role not in ROLES:
             _fail("role", self.role, f"must be one of {', '.join(r or repr(r) for r in ROLES)}")
+
+    def selection_seed(self, first: int, replicate: int) -> int:
+        """The seed replicate `replicate` of a row whose seed is `first` searches at."""
+        return first + REPLICATE_STRIDE * replicate
+
+    def confirm_seeds(self, first: int, replicate: int, n: int) -> range:
+        """The replicate's n confirmation seeds: fresh ones, after the seed its trials selected the best at."""
+        start = self.selection_seed(first, replicate) + 1
+        return range(start, start + n)
 
     @property
     def seed_plan(self) -> tuple[int, ...]:

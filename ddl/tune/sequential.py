@@ -1,22 +1,22 @@
 """Seeds added until a gap resolves, without the false positives that stopping on a significant result
-brings: an alpha-spending group-sequential rule.
+brings: an alpha-spending group-sequential rule, over search replicates.
 
-The confirmation looks at a row's paired differences to the tuned baseline after n_1 < n_2 < ... <= N
-seeds (`TuneConfig.seed_plan`). Look k tests at level alpha_k = a(t_k) - a(t_{k-1}), t_k = n_k / N, with
-Lan and DeMets' O'Brien-Fleming-type spending function a(t) = 2 - 2 Phi(z_{1-alpha/2} / sqrt(t)), which
-spends almost nothing at the first looks (few seeds: wide t intervals) and most at the last. Each look's
-interval is the paired t interval at confidence 1 - alpha_k, exact for normal seed noise whatever the
-variance, so the chance that any look declares a difference that is not there is at most the sum of the
-alpha_k (Bonferroni), a(1) = alpha. This gives up a little power against the exact group-sequential
-boundaries (which need the looks' joint distribution) for a guarantee that holds with the variance
-estimated at each look. A single look (a fixed number of seeds) is the plain 95% interval.
+The confirmation looks at a row's differences to the tuned baseline, one per search replicate (the replicate's
+mean over its fresh confirmation seeds at its own best, less the baseline's replicate over the same seeds),
+after n_1 < n_2 < ... <= N seeds a replicate (`TuneConfig.seed_plan`). Look k tests at level
+alpha_k = a(t_k) - a(t_{k-1}), t_k = n_k / N, with Lan and DeMets' O'Brien-Fleming-type spending function
+a(t) = 2 - 2 Phi(z_{1-alpha/2} / sqrt(t)), which spends almost nothing at the first looks and most at the last.
+Each look's interval is the paired t interval over the replicates at confidence 1 - alpha_k, exact for normal
+replicate values whatever their variance, so the chance that any look declares a difference that is not there is
+at most the sum of the alpha_k (Bonferroni), a(1) = alpha. A single look (a fixed number of seeds) is the plain
+95% interval. The interval has replicates - 1 degrees of freedom whatever the seeds: seeds narrow the noise
+within a replicate, not the search's luck between replicates, which the spread of the replicates carries.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import random
 from dataclasses import dataclass
 
 from ..stats import Difference, paired
@@ -38,9 +38,9 @@ def look_levels(plan: tuple[int, ...], alpha: float) -> tuple[float, ...]:
 
 @dataclass(frozen=True)
 class Look:
-    n: int                         # seeds paired so far
+    n: int                         # confirmation seeds per replicate so far
     level: float                   # alpha_k of this look
-    difference: Difference | None
+    difference: Difference | None  # over the replicates: each one's mean over its first n seeds
     final: bool                    # the last look of the plan
 
     @property
@@ -52,35 +52,33 @@ class Look:
         return self.resolved or self.final
 
 
+def seeds_reached(arm: dict, reference: dict) -> int:
+    """The confirmation seeds every replicate of both rows has, paired (arm, reference: replicate -> {seed:
+    loss}); 0 when they share no replicate."""
+    shared = set(arm) & set(reference)
+    return min((len(set(arm[r]) & set(reference[r])) for r in shared), default=0)
+
+
+def replicate_means(rows: dict, n: int, paired_with: dict | None = None) -> dict:
+    """Each replicate's mean loss over its first n confirmation seeds (those it shares with `paired_with`)."""
+    means = {}
+    for r, seeds in rows.items():
+        shared = sorted(set(seeds) & set(paired_with.get(r, {}))) if paired_with is not None else sorted(seeds)
+        if len(shared) >= n:
+            means[r] = sum(seeds[s] for s in shared[:n]) / n
+    return means
+
+
 def look(arm: dict, reference: dict, plan: tuple[int, ...], alpha: float) -> Look:
-    """The rule at the look the paired seeds have reached (the largest planned count they cover)."""
-    n = len(set(arm) & set(reference))
+    """The rule at the look the replicates' seeds have reached (the largest planned count every one covers):
+    the paired t interval over the replicates (arm, reference: replicate -> {seed: loss}), each replicate one
+    value, its mean over those seeds. A replicate's value carries its search's luck (where its best landed)
+    and its seeds' noise, so the spread between replicates is the whole workflow's."""
+    n = seeds_reached(arm, reference)
     reached = [k for k, planned in enumerate(plan) if planned <= n]
     if not reached:
         return Look(n, 0.0, None, False)
     k = reached[-1]
     level = look_levels(plan, alpha)[k]
-    return Look(n, level, paired(arm, reference, confidence=1 - level), k == len(plan) - 1)
-
-
-def simulate(experiments: int, gap_sd: float, plan: tuple[int, ...], alpha: float, seed: int = 0,
-             seed_sd: float = 0.01) -> tuple[float, float]:
-    """(the fraction of experiments the rule resolves, the fraction resolved before the last look) over
-    synthetic experiments: two rows whose per-seed losses carry independent normal seed noise of
-    `seed_sd` and whose true means differ by `gap_sd` standard deviations of the paired difference."""
-    rng = random.Random(seed)
-    sd_diff = seed_sd * math.sqrt(2)
-    resolved = early = 0
-    for _ in range(experiments):
-        base, arm = {}, {}
-        for n in plan:
-            for s in range(len(base), n):
-                base[s] = 2.0 + rng.gauss(0, seed_sd)
-                arm[s] = 2.0 + gap_sd * sd_diff + rng.gauss(0, seed_sd)
-            result = look(arm, base, plan, alpha)
-            if result.resolved:
-                resolved += 1
-                early += not result.final
-            if result.done:
-                break
-    return resolved / experiments, early / experiments
+    means = replicate_means(arm, plan[k], reference), replicate_means(reference, plan[k], arm)
+    return Look(plan[k], level, paired(*means, confidence=1 - level), k == len(plan) - 1)

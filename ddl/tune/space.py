@@ -35,6 +35,26 @@ class Dimension:
             return IntDistribution(int(self.low), int(self.high), log=self.log)
         return FloatDistribution(float(self.low), float(self.high), log=self.log)
 
+    def contains(self, value) -> bool:
+        """Whether a value lies in the space (a bracket trial may lie beyond a range's end)."""
+        if self.categorical:
+            return str(value) in self.choices
+        return self.low <= value <= self.high
+
+    def scale(self, value) -> float:
+        """A value on the range's own scale: log10 for a log range."""
+        return math.log10(value) if self.log else float(value)
+
+    def unscale(self, x: float):
+        value = 10 ** x if self.log else x
+        return int(round(value)) if self.integer else value
+
+    def bracket_step(self) -> float:
+        """How far beyond a best value the bracket puts a trial, on the range's scale: a fifth of the range (a
+        factor 2 for lr over 5e-4..1.6e-2), an integer range's at least 1."""
+        step = (self.scale(self.high) - self.scale(self.low)) / 5
+        return max(step, 1.0) if self.integer and not self.log else step
+
     def override(self, value) -> str:
         """The override that sets this value: floats by repr, which reads back to the same float."""
         return f"{self.key}={value if self.categorical or self.integer else repr(float(value))}"
@@ -56,6 +76,10 @@ class Dimension:
             return 0.0
         low, high = (math.log10(self.low), math.log10(self.high)) if self.log else (self.low, self.high)
         return (high - low) / 10
+
+
+def numeric(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def dimension(override) -> Dimension | None:
@@ -88,7 +112,8 @@ def dimension(override) -> Dimension | None:
 
 
 def split(overrides) -> tuple[list, list[Dimension]]:
-    """(the overrides that make the rows, the searched dimensions); one key searched twice is refused."""
+    """(the overrides that make the rows, the searched dimensions); one key searched twice is refused, and so
+    is a list of seeds beside a search: each seed would be a row of its own, searched again."""
     rows, space = [], []
     for override in overrides:
         found = dimension(override)
@@ -98,4 +123,21 @@ def split(overrides) -> tuple[list, list[Dimension]]:
             raise ValueError(f"{shown(found.spec())}: {found.key} searched twice; give one range per key")
         else:
             space.append(found)
+    seeds = next((o for o in rows if _key(o) == "seed" and o.is_sweep_override()), None)
+    if space and seeds is not None:
+        raise ValueError(f"seed={seeds.get_value_string()}: a seed list beside a searched key would search "
+                         f"each seed again; a search reruns its best values at tune.seeds seeds (e.g. tune.seeds=3)")
     return rows, space
+
+
+def _key(override) -> str:
+    """An override's key without its + / ++ / ~ (`+variant=x` and `variant=x` name one key)."""
+    return override.get_key_element().lstrip("~+")
+
+
+def split_sweep_params(params: dict, given) -> tuple[dict, list[str]]:
+    """A named sweep's `hydra.sweeper.params` less the keys the command line gives (parsed overrides), as
+    Hydra's own sweepers let the command line win: (the params kept, the keys replaced)."""
+    keys = {_key(o) for o in given}
+    kept = {k: v for k, v in params.items() if k.lstrip("~+") not in keys}
+    return kept, [k for k in params if k not in kept]

@@ -15,14 +15,20 @@ class PlannedSweeper(BasicSweeper):
         pass
 
     def sweep(self, arguments):
-        """A sweep with a searched key (`interval(...)`, `choice(...)`) runs each row's search
-        (ddl.launch.tuning); any other is the basic sweeper's."""
+        """A key on the command line replaces the same key of a named sweep's `hydra.sweeper.params`, a list
+        or a range alike (as in Hydra's basic and Optuna sweepers); a searched key (`interval(...)`,
+        `choice(...)`) then makes it run each row's search (ddl.launch.tuning); any other sweep is the basic
+        sweeper's."""
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
         from ddl.launch import tuning
         from ddl.launch.configs import ConfigError
-        from ddl.tune.space import split
+        from ddl.tune.space import split, split_sweep_params
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        self.params, replaced = split_sweep_params(self.params, parser.parse_overrides(arguments))
+        if replaced:
+            print(f"ddl-run: the command line replaces the sweep's {', '.join(replaced)} (hydra.sweeper.params)",
+                  flush=True)
         overrides = parser.parse_overrides([*self._parse_config(), *arguments])
         try:
             rows, space = split(overrides)

@@ -123,6 +123,14 @@ def _store_step(w, rho, q, w_n, r, q_n, row, j, in_dv, dv):
 # a 1-D vector, so every sum is over d or over the unrolled channels: no transpose of a (dv, d) tile) ----
 
 @triton.jit
+def _token_row(d, BLOCK_D: tl.constexpr):
+    """This program's token and the features of a row, with their mask."""
+    n = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK_D)
+    return n, i, i < d
+
+
+@triton.jit
 def _row(X, n, sXn, sXj, j, i, in_d):
     """Token n's channel j row of a state with strides sXn (tokens) and sXj (channels; 0: repeated), fp32."""
     return tl.load(X + n * sXn + j * sXj + i, mask=in_d, other=0.0).to(tl.float32)
@@ -144,9 +152,7 @@ def _key_norm(k, eps2):
 def _update_forward_kernel(X, h, beta, v, X_new, w, rho, q, eps2, sXn, sXj, d, STORE_STATE: tl.constexpr,
                            DV: tl.constexpr, BLOCK_D: tl.constexpr):
     """One update per token: X_new (when STORE_STATE; else only w, rho, q: DeltaKey's), w, rho, q."""
-    n = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, BLOCK_D)
-    in_d = i < d
+    n, i, in_d = _token_row(d, BLOCK_D)
     k = _vec(h, n, i, in_d, d)
     b, r = tl.load(beta + n).to(tl.float32), _key_norm(k, eps2)
     tl.store(rho + n, r.to(rho.dtype.element_ty))
@@ -174,9 +180,7 @@ def _channel_backward(G_j, X_j, k, b, r, v_j, q_j, g_w_j):
 @triton.jit
 def _update_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v, sXn, sXj, d,
                             HAS_G_W: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr):
-    n = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, BLOCK_D)
-    in_d = i < d
+    n, i, in_d = _token_row(d, BLOCK_D)
     k = _vec(h, n, i, in_d, d)
     b, r = tl.load(beta + n).to(tl.float32), tl.load(rho + n).to(tl.float32)
     g_k = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -200,9 +204,7 @@ def _update_backward_kernel(G, g_w, X, h, beta, v, rho, q, g_X, g_h, g_beta, g_v
 @triton.jit
 def _write_forward_kernel(X, h_a, w_a, h, beta, v, A_lag, X_new, w, rho, q, x_next, eps2, sXn, sXj, T, d,
                           STORE_STATE: tl.constexpr, L: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr):
-    n = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, BLOCK_D)
-    in_d = i < d
+    n, i, in_d = _token_row(d, BLOCK_D)
     read = tl.zeros((BLOCK_D,), dtype=tl.float32)
     for lag in tl.static_range(L):
         if lag <= n % T:                                           # t - lag within the sequence
@@ -231,9 +233,7 @@ def _write_backward_kernel(G, g_w, g_next, X, h_a, w_a, h, beta, v, rho, q, A_la
                            BLOCK_D: tl.constexpr):
     """dL/dX_out (G, or zero) plus the read's sum over lag of A_lag * g_next[t+lag], then the update's backward at the
     rebuilt mid state: dL/dX_mid, dL/dk~, dL/dbeta, dL/dv. (The taps' gradient: _write_taps_kernel.)"""
-    n = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, BLOCK_D)
-    in_d = i < d
+    n, i, in_d = _token_row(d, BLOCK_D)
     k_a, k = _vec(h_a, n, i, in_d, d), _vec(h, n, i, in_d, d)
     b, r = tl.load(beta + n).to(tl.float32), tl.load(rho + n).to(tl.float32)
     g_k = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -495,10 +495,8 @@ def _write_taps_kernel(g_next, X, h_a, w_a, h, beta, v, rho, q, partials, sXn, s
 def _norm_forward_kernel(x, g, W_c, W_x, c, l_c, l_x, rho, eps, nc, nx, d, BLOCK_C: tl.constexpr,
                          BLOCK_X: tl.constexpr, BLOCK_D: tl.constexpr):
     """c = x rho g, rho = 1/sqrt(mean(x^2) + eps); l_c = c W_c^T and l_x = x W_x^T from the fp32 c and x."""
-    n = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, BLOCK_D)
-    in_d = i < d
-    x_n = tl.load(x + n * d + i, mask=in_d, other=0.0).to(tl.float32)
+    n, i, in_d = _token_row(d, BLOCK_D)
+    x_n = _vec(x, n, i, in_d, d)
     r = 1.0 / tl.sqrt(tl.sum(x_n * x_n) / d + eps)
     c_n = x_n * r * tl.load(g + i, mask=in_d, other=0.0).to(tl.float32)
     tl.store(c + n * d + i, c_n.to(c.dtype.element_ty), mask=in_d)
