@@ -52,7 +52,7 @@ ui: install
 bench: install
 	$(BIN)/python -m ddl.bench
 
-# µP's coordinate check: every row at widths 64-512 for a few steps under sp and mup; reports/coord/.
+# µP's coordinate check: every row at widths 128-512 for 3 steps under sp and mup, judged; reports/coord/.
 coord: install
 	$(BIN)/python -m ddl.coord
 
