@@ -51,6 +51,8 @@ def test_a_best_at_the_grid_edge_is_marked_and_kept_as_the_vertex():
     table = transfer.transfer_table(runs({64: 8e-3, 128: 1e-3}, "params.model.d_model"), "width")
     assert table["edge"].tolist() == [False, True] and table["vertex"].iloc[1] == 2e-3
     assert "(a best at the edge of its grid)" in transfer.summaries(table)[0]
+    alone = transfer.transfer_table(runs({64: 8e-3}, "params.model.d_model"), "width")
+    assert transfer.summaries(alone) == ["DDL (d_v=4) mup: only width 64 measured (best lr 0.008)"]
 
 
 def test_the_report_writes_the_table_and_the_figure(tmp_path):

@@ -98,6 +98,9 @@ def summaries(table: pd.DataFrame) -> list[str]:
     for name, line in table.groupby("line", sort=False):
         ends = line.sort_values("value")
         first, last = ends.iloc[0], ends.iloc[-1]
+        if len(ends) == 1:
+            out.append(f"{name}: only {first['axis']} {first['value']} measured (best lr {first['best_lr']:.3g})")
+            continue
         edge = " (a best at the edge of its grid)" if ends["edge"].any() else ""
         fit = fitted.get(name)
         law = "" if fit is None else f"; best lr ∝ {first['axis']}^{fit.value:+.2f}" + (
