@@ -53,7 +53,7 @@ ROWS = {"baseline": dict(residual="baseline"),
         "ddl_dv4_mlp_gate": dict(residual="ddl", dv=4, beta_estimator="mlp"),
         "ddl_dv4_cc": dict(residual="ddl", dv=4, conv="cc"), "ddl_dv4_ec": dict(residual="ddl", dv=4, conv="ec"),
         "ddl_dv4_cc_ec": dict(residual="ddl", dv=4, conv="cc_ec"), "ddl_dv4_nh2": dict(residual="ddl", dv=4, n_h=2)}
-# axis -> its arms (the judged one last) and each arm's model settings
+# axis -> its arms and each arm's model settings (across width the mup arm is judged: EXPECTED)
 ARMS = {"width": {"sp": dict(param="sp"), "mup": dict(param="mup")},
         "depth": {"none": dict(param="mup"), "completep": dict(param="mup", depth_param="completep")}}
 WIDTHS, DEPTHS = (128, 256, 512), (2, 4, 8)      # widths: from 2x the base, where µP's limit shows
@@ -62,8 +62,7 @@ BATCH, SEQ_LEN = 8, 64
 # a layer's group (its name up to the first digit or dot) -> the figure's title
 GROUPS = {"embedding": "embedding", "block": "block outputs (DDL: the state)", "readout": "state readout",
           "logits": "logits", "beta": "gate logit", "gatemap": "gate map W_g c", "v": "value v",
-          "vmap": "value map W_v u",
-          "write": "write beta k v^T", "ktx": "read k^T X"}
+          "vmap": "value map W_v u", "write": "write beta k v^T", "ktx": "read k^T X"}
 # group -> the slope against the width of (|h_0|, its change after the steps) under µP; None: not judged.
 # µP's: the readouts (the logits, the gate's logit and its map, the value map) start at O(1/sqrt(m)), the value
 # v at O(sqrt(m)) (its factor), every other group at O(1), and all move by O(1) but v and the read k^T X, which
