@@ -3,8 +3,8 @@ under mup every judged slope, of |h_0| and of |h_3 - h_0| on the probe batch aga
 of µP's (ddl.coord.EXPECTED); with any one factor of µP off by m^(+-1/4) (ddl.model.mup.skewed) the check fails.
 The init factors, the logits' and the value's show at the init (no training: a few seconds); the two lr factors
 need the three steps (the hidden lr in the baseline's blocks, the output lr in DDL's gate and value map).
-Measured on a 2-core VM (2026-11-26): the reference's slopes within 0.01-0.12 of the expected; the skews move
-the judged slopes by 0.14-0.29."""
+Measured on a 2-core VM (2026-11-26): the reference's judged slopes within 0.07 of the expected; each skew moves
+one judged slope or more 0.14-0.30 from it."""
 
 import pandas as pd
 import pytest
