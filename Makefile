@@ -49,8 +49,10 @@ ui: install
 
 # The cost of the Delta residual against the baseline (same-process ratios) and of the orchestrator;
 # `python -m ddl.bench --orchestrator`: the orchestrator's figures alone (start-up, the 1,000-job plan), in a minute.
+# Then `python -m ddl.data.bench`: ddl-data prepare's tokens/s on 1 and 2 workers, the loader's ms per batch.
 bench: install
 	$(BIN)/python -m ddl.bench
+	$(BIN)/python -m ddl.data.bench
 
 # µP's coordinate check: every row at widths 128-512 for 3 steps under sp and mup, judged; reports/coord/.
 coord: install

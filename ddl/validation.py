@@ -6,6 +6,7 @@ Pure Python (no torch, nothing else from ddl), so every config module, ddl.model
 from __future__ import annotations
 
 import math
+import os
 import re
 from typing import Callable, NoReturn
 
@@ -54,3 +55,15 @@ def safe_name(key: str, value) -> str:
     if not isinstance(value, str) or len(value) > NAME_MAX or not NAME.fullmatch(value):
         raise ValueError(f"{key}={shown(value)}: {NAME_RULE}")
     return value
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A number of seconds > 0 from the environment variable `name` (unset: `default`); else one line."""
+    value = os.environ.get(name, "")
+    try:
+        seconds = float(value) if value else default
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"{name}={value!r}: must be a number of seconds > 0 (default {default:g})")
+    return seconds

@@ -16,6 +16,8 @@ def test_the_users_sweep_runs_three_distinct_jobs_then_skips_them(ddl_home, tmp_
     first = run_cli("ddl-run", *args, cwd=tmp_path)                  # not the checkout: configs still found
     assert first.returncode == 0, first.stderr[-3000:]
     assert "4 override sets -> 3 distinct jobs" in first.stdout
+    prepared = first.stdout.index("ddl-run: preparing embedded-byte-")          # the data first, then the jobs
+    assert "for 3 jobs before they train" in first.stdout and prepared < first.stdout.index("baseline-micro-s0")
     runs = mlflow_runs("default")
     assert sorted(r.info.run_name for r in runs) == ["baseline-micro-s0", "ddl_dv1-micro-s0", "ddl_dv4-micro-s0"]
     from ddl.track import store
@@ -47,6 +49,7 @@ def test_the_users_sweep_runs_three_distinct_jobs_then_skips_them(ddl_home, tmp_
     again = run_cli("ddl-run", *args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("skipped") >= 3 and "0 finished, 3 skipped, 0 failed" in again.stdout
+    assert "preparing" not in again.stdout
     assert len(mlflow_runs("default")) == 3
 
 
@@ -132,8 +135,11 @@ def test_the_store_follows_ddl_home_and_is_not_exported_to_children(ddl_home, mo
 
 @pytest.mark.slow
 def test_a_dry_run_launches_and_writes_nothing(ddl_home):
-    out = run_cli("ddl-run", "-m", "+sweep=paper_small", "hydra/launcher=slurm", "--dry-run")
+    out = run_cli("ddl-run", "-m", "+sweep=paper_small", "hydra/launcher=slurm", "--dry-run",
+                  env_extra={"COLUMNS": "300"})
     assert out.returncode == 0, out.stderr[-3000:]
+    [prepare] = [line for line in out.stdout.splitlines() if "prepare fineweb_edu-gpt2-" in line]   # its data first
+    assert "one CPU-only SLURM job, 32 CPUs: about" in prepare and "6 jobs wait on it" in prepare
     assert "6 override sets -> 6 distinct jobs" in out.stdout
     for row in ("baseline-small", "ddl_dv1-small", "ddl_dv4_cc_ec-small"):
         assert row in out.stdout
@@ -151,6 +157,7 @@ def test_the_proxy_study_estimates_cpu_time_within_90_minutes_on_two_cores(ddl_h
     assert "18 override sets -> 18 distinct jobs" in out.stdout and "CPU core-min" in out.stdout
     wall = re.search(r"about (\d+) min wall with 2 jobs at once x 1 thread", " ".join(out.stdout.split()))
     assert wall and int(wall.group(1)) <= 90
+    assert "Data first, here: python_source-byte-" in " ".join(out.stdout.split())
     assert not (ddl_home / "mlflow.db").exists()
 
 

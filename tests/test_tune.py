@@ -179,6 +179,7 @@ def test_a_dry_run_of_a_search_prints_its_plan_and_launches_nothing(ddl_home):
     assert out.stdout.count("tag(log, interval(0.0003, 0.03))") == 2 and "auto: 3, 5, 7" in out.stdout
     text = " ".join(out.stdout.split())   # 2 rows x 3 replicates x (8 trials + 2 bracket + 7 seeds)
     assert "at most 102 jobs" in text and "core-min" in text and "each searched 3 times independently" in text
+    assert "Data first, before the first round's trials, here: embedded-byte-" in text
     assert not ddl_home.exists()
 
 

@@ -11,6 +11,12 @@ from ..text import plural
 from .config import ENCODING_ERRORS, SOURCES, TOKENIZERS, DataConfig
 
 
+def _workers(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be an integer >= 1")
+    return int(value)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddl-data", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -24,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--fineweb-name", default=DataConfig.fineweb_name, help="Hub id or local parquet glob")
     prep.add_argument("--tokens", type=int, default=DataConfig.fineweb_tokens, help="fineweb_edu token budget")
     prep.add_argument("--bpe-vocab", type=int, default=DataConfig.bpe_vocab)
+    prep.add_argument("--workers", type=_workers, default=None,
+                      help="processes that tokenize (default: the CPUs of the machine, or of the SLURM job)")
     prep.add_argument("--force", action="store_true", help="rebuild a finished dataset")
     info = sub.add_parser("info", help="print a dataset's manifest")
     info.add_argument("dataset", help="dataset directory, or its name under DDL_HOME/data")
@@ -44,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                          encoding_errors=args.encoding_errors, fineweb_name=args.fineweb_name,
                          fineweb_tokens=args.tokens, bpe_vocab=args.bpe_vocab)
         existed = (paths.data_dir() / cfg.dataset_name() / MANIFEST).is_file()
-        path = prepare(cfg, force=args.force)
+        path = prepare(cfg, force=args.force, workers=args.workers)
     except ValueError as err:
         print(f"ddl-data: error: {err}")
         return 2

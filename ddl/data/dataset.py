@@ -6,7 +6,12 @@
     <root>/<name>/tokenizer.json    (bpe only)
 
 `prepare` builds into `<name>.partial/` under a file lock, records its progress after every
-flushed shard (so an interrupted prepare resumes there), and renames the directory at the end.
+flushed shard and, between shards, about every second with the next shards' tokens so far
+(`pending_<split>.tokens`), so an interrupted prepare resumes there; it renames the directory
+at the end.
+Its workers tokenize the source's units in parallel (ddl.data.parallel); the parent writes the
+documents in the source's order, so the shards and the manifest are the same bytes whatever the
+number of workers, and whether or not the build was interrupted.
 """
 
 from __future__ import annotations
@@ -18,17 +23,21 @@ import itertools
 import json
 import os
 import shutil
+import sys
+import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
 
 from .. import paths
+from ..cpus import cpu_threads
 from ..validation import is_int
 from .config import DataConfig
-from .sources import documents, is_val
+from .parallel import tokenized
+from .progress import Meter
+from .sources import documents, is_val, units
 from .tokenizers import BPETokenizer, Tokenizer, load_tokenizer
 
 FORMAT = 1
@@ -36,6 +45,7 @@ MANIFEST = "manifest.json"
 PROGRESS = "progress.json"
 VERIFIED = "verified.json"   # shard -> (size, mtime) whose sha256 matched the manifest's
 SHARD_TOKENS = 1 << 24  # 32 MiB of uint16 per shard
+RECORD_EVERY_S = 1.0    # between two flushes, the position and the buffers are saved at most this often
 SPLITS = ("train", "val")
 BPE_BYTES_PER_TOKEN = 4   # about what a BPE token of English text holds
 
@@ -73,16 +83,34 @@ def _still_named(handle, path: Path) -> bool:
 
 
 class _SplitWriter:
-    def __init__(self, work: Path, split: str, state: dict):
-        self.work, self.split, self.state = work, split, state  # state: shards, tokens, bytes, docs
-        self.buffer: list[np.ndarray] = []
-        self.buffered = 0
+    """A split's shards, and its buffer of the next one: saved as it grows to `pending_<split>.tokens` (the
+    first `kept` tokens of which an interrupted build had recorded)."""
 
-    def add(self, ids: list[int], eot: int, n_bytes: int) -> None:
-        self.buffer.append(np.asarray(ids + [eot], dtype=np.uint16))
-        self.buffered += len(ids) + 1
+    def __init__(self, work: Path, split: str, state: dict, kept: int = 0):
+        self.work, self.split, self.state = work, split, state  # state: shards, tokens, bytes, docs
+        self.pending = work / f"pending_{split}.tokens"
+        if self.pending.exists():
+            os.truncate(self.pending, 2 * kept)                 # what a kill appended after the record goes
+        self.buffer: list[np.ndarray] = [np.fromfile(self.pending, np.uint16)] if kept else []
+        self.buffered, self.saved = kept, len(self.buffer)      # tokens; buffer entries in the pending file
+
+    def save(self) -> int:
+        """The buffer's entries not yet in the pending file appended to it, fsynced; the tokens it then holds."""
+        if self.saved < len(self.buffer):
+            with open(self.pending, "ab") as file:
+                for tokens in self.buffer[self.saved:]:
+                    file.write(tokens.tobytes())
+                file.flush()
+                os.fsync(file.fileno())
+            self.saved = len(self.buffer)
+        return self.buffered
+
+    def add(self, tokens: np.ndarray, n_bytes: int, docs: int) -> None:
+        """Whole documents' tokens (each's eot included), their UTF-8 bytes and their count."""
+        self.buffer.append(tokens)
+        self.buffered += len(tokens)
         self.state["bytes"] += n_bytes
-        self.state["docs"] += 1
+        self.state["docs"] += docs
 
     def flush(self) -> None:
         if not self.buffered:
@@ -93,19 +121,19 @@ class _SplitWriter:
         self.state["shards"].append({"file": name, "tokens": int(tokens.size),
                                      "sha256": hashlib.sha256(tokens.tobytes()).hexdigest()})
         self.state["tokens"] += int(tokens.size)
-        self.buffer, self.buffered = [], 0
+        self.buffer, self.buffered, self.saved = [], 0, 0      # the pending file goes once this is recorded
 
 
 def _tokenizer_for(cfg: DataConfig, work: Path) -> Tokenizer:
     if cfg.tokenizer == "bpe" and not (work / BPETokenizer.FILE).is_file():
         train_docs = (d for d in documents(cfg) if not is_val(d, cfg.val_fraction))
         if cfg.source == "fineweb_edu":   # a stream: train on about the text the token budget keeps
-            train_docs = _within_bytes(train_docs, BPE_BYTES_PER_TOKEN * cfg.fineweb_tokens)
+            train_docs = within_bytes(train_docs, BPE_BYTES_PER_TOKEN * cfg.fineweb_tokens)
         return BPETokenizer.train(train_docs, cfg.bpe_vocab, work / BPETokenizer.FILE)
     return load_tokenizer(cfg.tokenizer, work)
 
 
-def _within_bytes(docs: Iterable[str], limit: int) -> Iterator[str]:
+def within_bytes(docs: Iterable[str], limit: int) -> Iterator[str]:
     """The documents until `limit` UTF-8 bytes have gone by."""
     seen = 0
     for doc in docs:
@@ -115,48 +143,132 @@ def _within_bytes(docs: Iterable[str], limit: int) -> Iterator[str]:
         yield doc
 
 
-def _build(cfg: DataConfig, work: Path, progress: bool) -> dict:
-    from tqdm import tqdm
+def _progress(work: Path) -> dict:
+    """Where an interrupted build stopped: after `docs_done` documents, the first `unit_docs` of unit `unit`
+    (shards flushed up to there, the next ones' first `pending` tokens saved); a fresh state when there is
+    none, or one of an older layout. A shard written after the last record, or a temp file a kill left,
+    goes: it is written again."""
+    path = work / PROGRESS
+    state = json.loads(path.read_text()) if path.is_file() else {}
+    if "unit" not in state:
+        state = {"docs_done": 0, "unit": 0, "unit_docs": 0, "finished": False, "pending": {s: 0 for s in SPLITS},
+                 **{s: {"shards": [], "tokens": 0, "bytes": 0, "docs": 0} for s in SPLITS}}
+    recorded = {shard["file"] for s in SPLITS for shard in state[s]["shards"]}
+    for stale in [*work.glob("*.bin"), *work.glob(".*.tmp")]:
+        if stale.name not in recorded:
+            stale.unlink()
+    return state
 
-    tokenizer = _tokenizer_for(cfg, work)
-    progress_path = work / PROGRESS
-    state = json.loads(progress_path.read_text()) if progress_path.is_file() else {
-        "docs_done": 0, **{s: {"shards": [], "tokens": 0, "bytes": 0, "docs": 0} for s in SPLITS}}
-    writers = {s: _SplitWriter(work, s, state[s]) for s in SPLITS}
-    budget = cfg.fineweb_tokens if cfg.source == "fineweb_edu" else None
-    bar = tqdm(desc=f"tokenizing {cfg.dataset_name()}", unit="tok", unit_scale=True, disable=not progress,
-               initial=state["train"]["tokens"] + state["val"]["tokens"])
 
-    def checkpoint() -> None:  # flush both splits together so docs_done is exact
-        for writer in writers.values():
+class _Build:
+    """One build of a dataset into `work`, resumed where progress.json says: the source's documents go to the
+    shards in its order, both splits flushed together as soon as train's buffer reaches SHARD_TOKENS. The
+    position (unit, documents of it) is recorded with each flush and, between them, at most every
+    RECORD_EVERY_S after a unit, with the buffers saved: a kill loses at most that much work."""
+
+    def __init__(self, cfg: DataConfig, work: Path):
+        self.cfg, self.work = cfg, work
+        self.state = _progress(work)
+        kept = self.state.get("pending", {})
+        self.writers = {s: _SplitWriter(work, s, self.state[s], kept.get(s, 0)) for s in SPLITS}
+        self.budget = cfg.fineweb_tokens if cfg.source == "fineweb_edu" else None
+
+    @property
+    def written(self) -> int:
+        return sum(self.state[s]["tokens"] + self.writers[s].buffered for s in SPLITS)
+
+    def record(self, unit: int, unit_docs: int) -> None:
+        """The position, with the buffers' tokens saved first (their count recorded)."""
+        self.state["pending"] = {s: writer.save() for s, writer in self.writers.items()}
+        self.state["unit"], self.state["unit_docs"] = unit, unit_docs
+        _write_json(self.work / PROGRESS, self.state)
+
+    def checkpoint(self, unit: int, unit_docs: int) -> None:
+        for writer in self.writers.values():
             writer.flush()
-        _write_json(progress_path, state)
+        self.record(unit, unit_docs)
+        for writer in self.writers.values():
+            writer.pending.unlink(missing_ok=True)
 
-    try:
-        for doc in itertools.islice(documents(cfg), state["docs_done"], None):
-            split = "val" if is_val(doc, cfg.val_fraction) else "train"
-            ids = tokenizer.encode(doc)
-            writers[split].add(ids, tokenizer.eot, len(doc.encode("utf-8")))
-            state["docs_done"] += 1
-            bar.update(len(ids) + 1)
-            if writers["train"].buffered >= SHARD_TOKENS:
-                checkpoint()
-            written = sum(state[s]["tokens"] + writers[s].buffered for s in SPLITS)
-            if budget is not None and written >= budget:
-                break
-        checkpoint()
-    finally:
-        bar.close()         # ends the bar's line: an error is a line of its own
-    for split in SPLITS:
-        if not state[split]["tokens"]:
-            raise ValueError(f"data.source={cfg.source!r}: the {split} split came out empty "
-                             f"({state['docs_done']} documents); give it more text")
-    return {"tokenizer": {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size, "eot": tokenizer.eot},
-            "splits": {s: state[s] for s in SPLITS}}
+    def run(self, workers: int, progress: bool) -> dict:
+        tokenizer = _tokenizer_for(self.cfg, self.work)
+        state, name = self.state, self.cfg.dataset_name()
+        if not state["finished"]:
+            source = units(self.cfg)
+            left = source[state["unit"]:] if isinstance(source, list) else None
+            workers = min(workers, max(1, len(left))) if left is not None else workers
+            meter = Meter(name, workers, self.written, self.budget,
+                          None if left is None else sum(u.size for u in left), progress)
+            if self.written and progress:
+                print(f"resuming {name} at document {state['docs_done']:,} ({self.written:,} tokens written)",
+                      file=sys.stderr, flush=True)
+            try:
+                self.tokenize(source, workers, meter)
+            except BaseException:
+                meter.abort()
+                raise
+            meter.close()
+            state["finished"] = True      # a build killed before its rename adds nothing when it resumes
+            _write_json(self.work / PROGRESS, state)
+        for split in SPLITS:
+            if not state[split]["tokens"]:
+                raise ValueError(f"data.source={self.cfg.source!r}: the {split} split came out empty "
+                                 f"({state['docs_done']} documents); give it more text")
+        return {"tokenizer": {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size, "eot": tokenizer.eot},
+                "splits": {s: state[s] for s in SPLITS}}
+
+    def tokenize(self, source, workers: int, meter: Meter) -> None:
+        """Every document after the recorded position, in order, to its split's writer (until the budget)."""
+        first, skip = self.state["unit"], self.state["unit_docs"]
+        position, recorded = (first, skip), time.monotonic()
+        with contextlib.closing(tokenized(itertools.islice(source, first, None), self.cfg, self.work,
+                                          workers)) as chunks:
+            for index, chunk in enumerate(chunks, start=first):
+                stop = self.add(chunk, index, skip if index == first else 0)
+                position = (index, stop) if stop is not None else (index + 1, 0)
+                meter.update(self.written, chunk.size)
+                if stop is not None:
+                    break
+                if time.monotonic() - recorded >= RECORD_EVERY_S:
+                    self.record(*position)
+                    recorded = time.monotonic()
+        self.checkpoint(*position)
+
+    def add(self, chunk, index: int, doc: int) -> int | None:
+        """The chunk's documents from `doc` on, in order, each to its split: in runs of whole documents up to
+        the next one that fills train's shard (then both splits flushed) or reaches the budget (where it stops:
+        the documents of the chunk taken, returned). The same boundaries as adding one document at a time."""
+        ends = np.cumsum(chunk.lengths)
+        train = self.writers["train"]
+        while doc < len(ends):
+            rest = slice(doc, len(ends))
+            full = train.buffered + np.cumsum(np.where(chunk.val[rest], 0, chunk.lengths[rest])) >= SHARD_TOKENS
+            if self.budget is not None:
+                full |= self.written + np.cumsum(chunk.lengths[rest]) >= self.budget
+            last = doc + (int(np.argmax(full)) if full.any() else len(full) - 1)
+            self.add_run(chunk, ends, doc, last + 1)
+            if train.buffered >= SHARD_TOKENS:
+                self.checkpoint(index, last + 1)
+            if self.budget is not None and self.written >= self.budget:
+                return last + 1
+            doc = last + 1
+        return None
+
+    def add_run(self, chunk, ends: np.ndarray, first: int, stop: int) -> None:
+        """Documents [first, stop) of the chunk to their splits' writers."""
+        tokens = chunk.tokens[ends[first] - chunk.lengths[first]:ends[stop - 1]]
+        held_out = np.repeat(chunk.val[first:stop], chunk.lengths[first:stop])
+        for split, docs, mask in (("train", ~chunk.val[first:stop], ~held_out), ("val", chunk.val[first:stop],
+                                                                                 held_out)):
+            if docs.any():
+                self.writers[split].add(tokens[mask], int(chunk.n_bytes[first:stop][docs].sum()), int(docs.sum()))
+        self.state["docs_done"] += stop - first
 
 
-def prepare(cfg: DataConfig, root: Path | None = None, force: bool = False, progress: bool = True) -> Path:
-    """Build the dataset for `cfg` (resumably), or return it when it is already finished."""
+def prepare(cfg: DataConfig, root: Path | None = None, force: bool = False, progress: bool = True,
+            workers: int | None = None) -> Path:
+    """Build the dataset for `cfg` (resumably) with `workers` processes (default: the CPUs this process may
+    use), or return it when it is already finished."""
     root = Path(root) if root is not None else paths.data_dir()
     name = cfg.dataset_name()
     final, work, lock = root / name, root / f"{name}.partial", root / f"{name}.lock"
@@ -171,16 +283,15 @@ def prepare(cfg: DataConfig, root: Path | None = None, force: bool = False, prog
         fresh = not work.exists()
         work.mkdir(exist_ok=True)
         try:
-            built = _build(cfg, work, progress)
+            built = _Build(cfg, work).run(workers or cpu_threads(), progress)
         except ValueError:          # bad input: nothing worth resuming, nothing left
             if fresh:
                 shutil.rmtree(work)
                 lock.unlink()
                 paths.prune(root)
             raise
-        manifest = {
-            "format": FORMAT, "name": name, "dtype": "uint16", "created": datetime.now(timezone.utc).isoformat(),
-            "source": cfg.source_params(), **built,
+        manifest = {     # no date, no worker count: the same bytes however and whenever it was built
+            "format": FORMAT, "name": name, "dtype": "uint16", "source": cfg.source_params(), **built,
             "bytes_per_token": {s: built["splits"][s]["bytes"] / built["splits"][s]["tokens"] for s in SPLITS},
         }
         manifest["unigram_xent_val"] = _unigram_cross_entropy(work, manifest)

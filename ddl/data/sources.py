@@ -24,20 +24,27 @@ import hashlib
 import importlib.util
 import itertools
 import json
+import os
 import sysconfig
 import tokenize
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from .config import DataConfig
 
 MIN_DOC_CHARS = 1000
+UNIT_BYTES = 1 << 20     # about the text of one worker's task: small files are grouped up to it
 
 
 def is_val(doc: str, val_fraction: float) -> bool:
     """A deterministic, order-free split: the same document always lands in the same split."""
-    bucket = int.from_bytes(hashlib.sha256(doc.encode("utf-8")).digest()[:8], "big") / 2 ** 64
-    return bucket < val_fraction
+    return is_val_encoded(doc.encode("utf-8"), val_fraction)
+
+
+def is_val_encoded(doc: bytes, val_fraction: float) -> bool:
+    """is_val of a document already encoded as UTF-8."""
+    return int.from_bytes(hashlib.sha256(doc).digest()[:8], "big") / 2 ** 64 < val_fraction
 
 
 def embedded_documents() -> Iterator[str]:
@@ -67,21 +74,165 @@ def python_source_files() -> list[Path]:
 
 
 def python_source_documents() -> Iterator[str]:
-    for path in python_source_files():
-        try:
-            with tokenize.open(path) as source:   # the file's declared encoding (PEP 263), else UTF-8
-                text = source.read()
-        except (SyntaxError, UnicodeDecodeError):   # an undecodable file: the same one on every machine
-            continue
-        if text.strip():
-            yield text
+    return filter(None, map(_python_file, python_source_files()))
 
 
-def _rows_text(rows) -> Iterator[str]:
-    for row in rows:
-        text = row.get("text")
-        if text:
-            yield text
+def _python_file(path) -> str:
+    """A source file's text in its declared encoding (PEP 263, else UTF-8); "" for an undecodable file (the
+    same one on every machine) or one of blanks only."""
+    try:
+        with tokenize.open(path) as source:
+            text = source.read()
+    except (SyntaxError, UnicodeDecodeError):
+        return ""
+    return text if text.strip() else ""
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A piece of a source that a worker reads and tokenizes by itself: its documents, in a fixed order.
+
+    kind: `embedded` (the whole manual) | `python` (source files, a document each) | `text` (.txt files, a
+    document each) | `jsonl` (a file, a document a line) | `parquet` (a file's row group, a document a row:
+    a row group is read whole, so it is not cut) | `docs` (documents a stream handed the parent). `size`:
+    about its bytes of text, what the ETA counts.
+    """
+    kind: str
+    paths: tuple[str, ...] = ()
+    row_group: int = 0
+    docs: tuple[str, ...] = ()
+    size: int = 0
+
+
+def units(cfg: DataConfig) -> Iterable[Unit]:
+    """The source as units, in document order: a list (its files listed, each parquet footer read, a bad file
+    one ValueError naming it), or, for the Hub's stream, a generator of batches read as they are asked for."""
+    if cfg.source == "embedded":
+        from pydoc_data.topics import topics
+        return [Unit("embedded", size=sum(map(len, topics.values())))]
+    if cfg.source == "python_source":
+        files = python_source_files()
+        return list(_grouped("python", map(str, files), [f.stat().st_size for f in files]))
+    if cfg.source == "files":
+        return _file_units(cfg, "files", cfg.files, _glob(cfg.files, "files"))
+    if _is_local(cfg.fineweb_name):
+        return _file_units(cfg, "fineweb_name", cfg.fineweb_name, _glob(_parquet_glob(cfg.fineweb_name), "fineweb_name",
+                                                                           cfg.fineweb_name))
+    return _streamed_units(cfg)
+
+
+def documents(cfg: DataConfig) -> Iterator[str]:
+    """Every document of the source, in order (what a worker reads of each unit, one unit after another)."""
+    return itertools.chain.from_iterable(read_unit(unit, cfg) for unit in units(cfg))
+
+
+def read_unit(unit: Unit, cfg: DataConfig) -> Iterator[str]:
+    """The unit's documents; a file that cannot be read, decoded or parsed is one ValueError naming it."""
+    if unit.kind == "embedded":
+        yield from embedded_documents()
+        return
+    if unit.kind == "docs":
+        yield from unit.docs
+        return
+    if unit.kind == "python":
+        yield from filter(None, map(_python_file, unit.paths))
+        return
+    key, pattern = ("files", cfg.files) if cfg.source == "files" else ("fineweb_name", cfg.fineweb_name)
+    for path in unit.paths:
+        with _naming(key, pattern, path):
+            yield from _file_texts(unit, path, cfg)
+
+
+def _glob(pattern: str, key: str, shown: str | None = None) -> list[str]:
+    found = sorted(p for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+    if not found:
+        raise ValueError(f"data.{key}={shown or pattern!r}: matches no file")
+    return found
+
+
+def _is_local(name: str) -> bool:
+    """A local parquet glob or folder, not a Hub id (`org/name`)."""
+    return name.endswith(".parquet") or name.startswith(("/", ".", "~")) or Path(name).exists()
+
+
+def _parquet_glob(name: str) -> str:
+    path = Path(name).expanduser()
+    return str(path / "**" / "*.parquet") if path.is_dir() else str(path)
+
+
+def _grouped(kind: str, paths: Iterable[str], sizes: Iterable[int]) -> Iterator[Unit]:
+    """Consecutive files as units of up to UNIT_BYTES (a larger file alone)."""
+    group: list[str] = []
+    total = 0
+    for path, size in zip(paths, sizes, strict=True):
+        if group and total + size > UNIT_BYTES:
+            yield Unit(kind, tuple(group), size=total)
+            group, total = [], 0
+        group.append(path)
+        total += size
+    if group:
+        yield Unit(kind, tuple(group), size=total)
+
+
+class _naming:
+    """A file's failure (unreadable, undecodable, damaged, not what its name says) as one line naming it."""
+
+    def __init__(self, key: str, pattern: str, path: str):
+        self.prefix = f"data.{key}={pattern!r}: {path}"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, _traceback):
+        if isinstance(err, (OSError, ValueError)):
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).strip()
+            raise ValueError(f"{self.prefix}: {(reason.splitlines() or [kind.__name__])[0]}") from None
+        return False
+
+
+def _file_units(cfg: DataConfig, key: str, pattern: str, paths: list[str]) -> list[Unit]:
+    """.txt files grouped, a unit per .jsonl file and per parquet row group; a parquet file's footer and
+    `text` column are checked here, before any work."""
+    found: list[Unit] = []
+    texts: list[str] = []
+
+    def flush_texts() -> None:
+        found.extend(_grouped("text", texts, [os.stat(p).st_size for p in texts]))
+        texts.clear()
+    for path in paths:
+        suffix = Path(path).suffix
+        with _naming(key, pattern, path):
+            if suffix == ".txt":
+                os.stat(path)
+                texts.append(path)
+                continue
+            flush_texts()
+            if suffix in (".jsonl", ".json"):
+                found.append(Unit("jsonl", (path,), size=os.stat(path).st_size))
+            elif suffix == ".parquet":
+                found.extend(_parquet_units(path))
+            else:
+                raise ValueError("not .txt, .jsonl or .parquet")
+    flush_texts()
+    return found
+
+
+def _parquet_units(path: str) -> Iterator[Unit]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    table = pq.ParquetFile(path)
+    schema = table.schema_arrow
+    if "text" not in schema.names:
+        raise ValueError(f"no 'text' column (its columns: {', '.join(schema.names)})")
+    kind = schema.field("text").type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise ValueError(f"its 'text' column holds {kind}, not strings")
+    meta = table.metadata
+    for group in range(meta.num_row_groups):
+        row_group = meta.row_group(group)
+        size = sum(row_group.column(c).total_uncompressed_size for c in range(row_group.num_columns)
+                   if row_group.column(c).path_in_schema == "text")
+        yield Unit("parquet", (path,), row_group=group, size=size)
 
 
 def _json_lines(path: str, cfg: DataConfig) -> Iterator[str]:
@@ -100,30 +251,15 @@ def _json_lines(path: str, cfg: DataConfig) -> Iterator[str]:
                 yield row["text"]
 
 
-def _parquet_texts(path: str) -> Iterator[str]:
-    """The non-empty values of a parquet file's `text` column, row group by row group."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    table = pq.ParquetFile(path)
-    schema = table.schema_arrow
-    if "text" not in schema.names:
-        raise ValueError(f"no 'text' column (its columns: {', '.join(schema.names)})")
-    kind = schema.field("text").type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        raise ValueError(f"its 'text' column holds {kind}, not strings")
-    for batch in table.iter_batches(columns=["text"]):
-        yield from filter(None, batch.column(0).to_pylist())
-
-
-def _one_file(path: str, cfg: DataConfig) -> Iterator[str]:
-    suffix = Path(path).suffix
-    if suffix == ".parquet":
-        yield from _parquet_texts(path)
+def _file_texts(unit: Unit, path: str, cfg: DataConfig) -> Iterator[str]:
+    """.txt: the file is one document; .jsonl: a row's `text` each; parquet: the row group's non-empty `text`s."""
+    if unit.kind == "parquet":
+        import pyarrow.parquet as pq
+        yield from filter(None, pq.ParquetFile(path).read_row_group(unit.row_group, columns=["text"])
+                          .column(0).to_pylist())
         return
-    if suffix not in (".txt", ".jsonl", ".json"):
-        raise ValueError("not .txt, .jsonl or .parquet")
     try:
-        if suffix == ".txt":
+        if unit.kind == "text":
             yield Path(path).read_text(encoding=cfg.encoding, errors=cfg.encoding_errors)
         else:
             yield from _json_lines(path, cfg)
@@ -131,21 +267,6 @@ def _one_file(path: str, cfg: DataConfig) -> Iterator[str]:
         offset, undecodable = _first_undecodable(path, cfg.encoding)
         raise ValueError(f"not {cfg.encoding} at byte {offset} (0x{undecodable.hex()}); set data.encoding=<the files' "
                          f"encoding> (latin-1, cp1252, ...) or data.encoding_errors=replace (or ignore)") from None
-
-
-def file_documents(cfg: DataConfig) -> Iterator[str]:
-    """.txt: one document per file; .jsonl/.parquet: one per row's `text` field. A file that cannot be
-    read, decoded or parsed stops it in one line naming the file."""
-    paths = sorted(p for p in glob.glob(cfg.files, recursive=True) if Path(p).is_file())
-    if not paths:
-        raise ValueError(f"data.files={cfg.files!r}: matches no file")
-    for path in paths:
-        try:
-            yield from _one_file(path, cfg)
-        except (OSError, ValueError) as err:     # unreadable, undecodable, damaged, not what its name says
-            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).strip()
-            raise ValueError(f"data.files={cfg.files!r}: {path}: "
-                             f"{(reason.splitlines() or [type(err).__name__])[0]}") from None
 
 
 def _first_undecodable(path: str, encoding: str) -> tuple[int, bytes]:
@@ -164,33 +285,26 @@ def _first_undecodable(path: str, encoding: str) -> tuple[int, bytes]:
     return offset, b""
 
 
-def _stream(path: str, **kwargs):
-    from datasets import load_dataset
-    return load_dataset(path, split="train", streaming=True, **kwargs)
-
-
-def fineweb_documents(cfg: DataConfig) -> Iterator[str]:
-    """FineWeb-Edu rows (`text` column), streamed. A local parquet glob takes the same path."""
-    name = cfg.fineweb_name
-    if name.endswith(".parquet") or Path(name).exists():
-        rows = _stream("parquet", data_files=name)
-    else:
-        try:
-            rows = _stream(name, name=cfg.fineweb_config)
-        except Exception as err:
-            reason = (str(err).strip().splitlines() or [""])[0][:200]
-            raise ValueError(
-                f"data.fineweb_name={name!r} (config {cfg.fineweb_config!r}): cannot load it from the Hugging Face "
-                f"Hub ({type(err).__name__}: {reason}); offline, pre-download it and set HF_DATASETS_OFFLINE=1, "
-                "or pass local parquet files as data.fineweb_name=<glob> or data.source=files") from None
-    yield from _rows_text(rows)
-
-
-def documents(cfg: DataConfig) -> Iterator[str]:
-    if cfg.source == "embedded":
-        return embedded_documents()
-    if cfg.source == "files":
-        return file_documents(cfg)
-    if cfg.source == "python_source":
-        return python_source_documents()
-    return fineweb_documents(cfg)
+def _streamed_units(cfg: DataConfig) -> Iterator[Unit]:
+    """FineWeb-Edu's rows streamed from the Hub (`datasets`), as batches of about UNIT_BYTES of text."""
+    try:
+        from datasets import load_dataset
+        rows = load_dataset(cfg.fineweb_name, name=cfg.fineweb_config, split="train", streaming=True)
+    except Exception as err:
+        reason = (str(err).strip().splitlines() or [""])[0][:200]
+        raise ValueError(
+            f"data.fineweb_name={cfg.fineweb_name!r} (config {cfg.fineweb_config!r}): cannot load it from the Hugging "
+            f"Face Hub ({type(err).__name__}: {reason}); offline, pre-download it and set HF_DATASETS_OFFLINE=1, or "
+            "pass local parquet files as data.fineweb_name=<glob> or data.source=files") from None
+    batch: list[str] = []
+    size = 0
+    for row in rows:
+        text = row.get("text")
+        if text:
+            batch.append(text)
+            size += len(text)
+        if size >= UNIT_BYTES:
+            yield Unit("docs", docs=tuple(batch), size=size)
+            batch, size = [], 0
+    if batch:
+        yield Unit("docs", docs=tuple(batch), size=size)

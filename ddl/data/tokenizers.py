@@ -1,9 +1,16 @@
-"""Tokenizers: byte (offline default), bpe (trained on the train split), gpt2 (the paper's, tiktoken)."""
+"""Tokenizers: byte (offline default), bpe (trained on the train split), gpt2 (the paper's, tiktoken).
+
+`encode_docs` is what preparation calls: a batch of documents in one call to the library (its own threads
+off: a prepare's parallelism is its worker processes), as uint16 tokens with the eot after each document.
+"""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Iterable, Protocol
+
+import numpy as np
 
 from .. import paths
 
@@ -15,6 +22,14 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: list[int]) -> str: ...
+    def encode_docs(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+def _with_eot(id_lists: list[list[int]], eot: int) -> tuple[np.ndarray, np.ndarray]:
+    """(every document's ids followed by the eot, as uint16; each document's token count, its eot included)."""
+    counts = np.fromiter(map(len, id_lists), np.int64, len(id_lists))
+    flat = np.fromiter(itertools.chain.from_iterable(id_lists), np.uint16, int(counts.sum()))
+    return np.insert(flat, np.cumsum(counts), eot), counts + 1
 
 
 class ByteTokenizer:
@@ -26,6 +41,13 @@ class ByteTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return bytes(ids).decode("utf-8", errors="replace")
+
+    def encode_docs(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        encoded = [text.encode("utf-8") for text in texts]
+        if not encoded:
+            return np.zeros(0, np.uint16), np.zeros(0, np.int64)
+        joined = np.frombuffer(bytes([self.eot]).join(encoded) + bytes([self.eot]), np.uint8)
+        return joined.astype(np.uint16), np.fromiter((len(b) + 1 for b in encoded), np.int64, len(encoded))
 
 
 class BPETokenizer:
@@ -53,6 +75,9 @@ class BPETokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text).ids
 
+    def encode_docs(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        return _with_eot([e.ids for e in self._tok.encode_batch_fast(texts)], self.eot)   # no offsets: faster
+
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids)
 
@@ -61,10 +86,11 @@ class GPT2Tokenizer:
     """GPT-2 BPE through tiktoken. It needs its BPE file: network or TIKTOKEN_CACHE_DIR."""
     name, vocab_size, eot = "gpt2", 50257, 50256
 
-    def __init__(self):
+    def __init__(self, encoding=None):
+        """tiktoken's GPT-2 encoding (`encoding`: another tiktoken Encoding, as the data bench's stand-in)."""
         import tiktoken
         try:
-            self._enc = tiktoken.get_encoding("gpt2")
+            self._enc = encoding or tiktoken.get_encoding("gpt2")
         except Exception as err:  # tiktoken raises requests/OS errors when it cannot download
             raise ValueError(
                 "data.tokenizer='gpt2': tiktoken's GPT-2 BPE file is not cached and cannot be downloaded "
@@ -73,6 +99,9 @@ class GPT2Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self._enc.encode_ordinary(text)
+
+    def encode_docs(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        return _with_eot(self._enc.encode_ordinary_batch(texts, num_threads=1), self.eot)
 
     def decode(self, ids: list[int]) -> str:
         return self._enc.decode(ids)

@@ -8,7 +8,6 @@ Named sweeps become the Hydra group `sweep` (`+sweep=<file name>`), registered f
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 
@@ -17,15 +16,12 @@ class ConfigError(ValueError):
 
 
 def env_seconds(name: str, default: float) -> float:
-    """A number of seconds > 0 from the environment variable `name` (unset: `default`); else one line."""
-    value = os.environ.get(name, "")
+    """validation.env_seconds, its one line a ConfigError (a refused sweep leaves nothing)."""
+    from ..validation import env_seconds as seconds
     try:
-        seconds = float(value) if value else default
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds < float("inf"):
-        raise ConfigError(f"{name}={value!r}: must be a number of seconds > 0 (default {default:g})")
-    return seconds
+        return seconds(name, default)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 _CHECKOUT = Path(__file__).resolve().parent.parent.parent
@@ -75,9 +71,10 @@ def register() -> None:
 def launcher_schemas() -> dict[str, type]:
     """hydra-submitit-launcher's queue configs with ddl's launcher as target and the fields ddl adds:
     max_parallel (how many jobs run at once; null: CPUs // cpus_per_task locally, all on SLURM) and,
-    on SLURM, srun_args (submitit's, for srun) and gpu_memory_gib (each GPU's memory, against which the plan
-    checks a job's estimate). conf/hydra/launcher/{local,slurm}.yaml extend these and set only what ddl
-    changes."""
+    on SLURM, srun_args (submitit's, for srun), gpu_memory_gib (each GPU's memory, against which the plan
+    checks a job's estimate) and the prepare job's own settings (ddl.launch.data_jobs: its partition, null
+    for the jobs'; CPUs; memory; time). conf/hydra/launcher/{local,slurm}.yaml extend these and set only
+    what ddl changes."""
     from dataclasses import field, make_dataclass
     from typing import List, Optional
 
@@ -90,4 +87,8 @@ def launcher_schemas() -> dict[str, type]:
     return {"ddl_local_base": extend(LocalQueueConf, "LocalSweepLauncher"),
             "ddl_slurm_base": extend(SlurmQueueConf, "SlurmSweepLauncher",
                                      ("srun_args", Optional[List[str]], field(default=None)),
-                                     ("gpu_memory_gib", float, field(default=80.0)))}
+                                     ("gpu_memory_gib", float, field(default=80.0)),
+                                     ("prepare_partition", Optional[str], field(default=None)),
+                                     ("prepare_cpus_per_task", int, field(default=32)),
+                                     ("prepare_mem_gb", Optional[int], field(default=64)),
+                                     ("prepare_timeout_min", int, field(default=1440)))}

@@ -27,6 +27,26 @@ CPU_JOB_SECONDS = 12.0           # per job: start-up (imports, data, MLflow run)
 CPU_EVAL_SECONDS = 15.0          # per evaluation (task@shots) of the offline task, lm-eval included
 
 
+# Data preparation, `python -m ddl.data.bench` on the 2-vCPU VM (docs/performance.md, "Preparing the data"): the
+# tokens a worker writes per CPU-second, per tokenizer (gpt2: tiktoken with GPT-2's pattern and a 50,257-token
+# table trained there, GPT-2's own file being out of reach); the parent's pace, which caps the workers' sum; and
+# the UTF-8 bytes a token held in the bench's English text (bpe: the 4,096-token default; gpt2: the stand-in's).
+PREPARE_TOKENS_PER_CORE_S = {"byte": 40e6, "bpe": 850e3, "gpt2": 1.9e6}
+PREPARE_PARENT_TOKENS_S = 50e6
+TEXT_BYTES_PER_TOKEN = {"byte": 1.0, "bpe": 2.7, "gpt2": 3.4}
+
+
+def prepare_seconds(data, cpus: int) -> tuple[float, float]:
+    """(tokens, wall seconds) to prepare the dataset on `cpus` workers: its token budget, or its text's bytes
+    over a token's; at the measured tokens/s of a worker times the workers, at most the parent's pace."""
+    if data.source == "fineweb_edu":
+        tokens = float(data.fineweb_tokens)
+    else:
+        from ..data.sources import units
+        tokens = sum(unit.size for unit in units(data)) / TEXT_BYTES_PER_TOKEN[data.tokenizer]
+    return tokens, tokens / min(PREPARE_TOKENS_PER_CORE_S[data.tokenizer] * max(1, cpus), PREPARE_PARENT_TOKENS_S)
+
+
 @dataclass(frozen=True)
 class Cost:
     params: int

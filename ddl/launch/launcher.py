@@ -31,7 +31,7 @@ from .. import paths
 from ..text import plural
 from ..track.filesystems import warn_if_sqlite_on_network
 from ..train.signals import DeferredSignals
-from . import cluster, status
+from . import cluster, data_jobs, status
 from .compose import JobConfigs
 from .configs import ConfigError
 from .plan import Plan, make_plan
@@ -99,7 +99,7 @@ class SweepLauncher(BaseSubmititLauncher):
     def executor(self):
         """Upstream's executor, built as its `launch` builds it inline (no method of its own to call)."""
         import submitit
-        params = dict(self.params)
+        params = {k: v for k, v in self.params.items() if k not in data_jobs.PREPARE_KEYS}   # the prepare job's own
         folder = params.pop("submitit_folder")
         init = {f"{self._EXECUTOR}_max_num_timeout": params.pop("max_num_timeout")} \
             if "max_num_timeout" in params else {}
@@ -126,10 +126,13 @@ class SweepLauncher(BaseSubmititLauncher):
             plan = self.plan(job_overrides)
             self.check_fit(plan.jobs)
             print(plan.headline())
+            needs = self.missing_data(plan.jobs)
             if self.config.dry_run:
                 job_table(plan.jobs, self.params.get("gpus_per_node") or 0, self.bound(len(plan.jobs)),
-                          self.params.get("cpus_per_task") or 1).print()
+                          self.params.get("cpus_per_task") or 1, data_jobs.plan(needs, self)).print()
                 return []
+            if needs and self._EXECUTOR == "local":   # here, first, on the machine's cores: a bad source leaves
+                data_jobs.prepare_here(needs)           # nothing (this block's refusal)
             self.prepare_store({j.experiment for j in plan.jobs})
         warn_if_sqlite_on_network(self._EXECUTOR)      # SQLite on NFS/Lustre under SLURM: say what to run instead
         skipped = plan.finished()
@@ -142,13 +145,24 @@ class SweepLauncher(BaseSubmititLauncher):
         with DeferredSignals((signal.SIGINT, signal.SIGTERM)) as stop:   # stop the jobs, then print the summary
             outcomes = self.reuse_jobs([(j, reusable[j.signature]) for j in plan.jobs if j.signature in reusable],
                                        stop)
-            outcomes.update(self.run_jobs(todo, shown, initial_job_idx, stop) if shown else {})
+            waits = data_jobs.submit(self, data_jobs.missing(todo)) if self._EXECUTOR == "slurm" and todo else {}
+            outcomes.update(self.run_jobs(todo, shown, initial_job_idx, stop, waits) if shown else {})
         outcomes.update({sig: Result(status.ELSEWHERE, f"{who}; not started here") for sig, who in elsewhere.items()})
         outcomes.update({sig: Result("skipped", f"finished before: MLflow run {found.run_id}"
                                      + (f", trained by {found.trained_by}" if found.trained_by else ""))
                          for sig, found in skipped.items()})
         self.summarise(plan.jobs, outcomes, stop)
         return [outcomes[j.signature].job_return for j in todo]
+
+    @staticmethod
+    def missing_data(jobs: list[Job]) -> list[data_jobs.DataNeed]:
+        """The datasets not prepared yet that jobs to run read (the store asked only when one is missing, and
+        only read: a dry run writes nothing)."""
+        from .plan import already_done
+        if not data_jobs.missing(jobs):
+            return []
+        done = already_done(jobs)
+        return data_jobs.missing([job for job in jobs if job.signature not in done])
 
     @staticmethod
     def summarise(jobs: list[Job], outcomes: dict[str, "Result"], stop: DeferredSignals) -> None:
@@ -206,26 +220,40 @@ class SweepLauncher(BaseSubmititLauncher):
             except ValueError as err:
                 raise ConfigError(str(err)) from None
 
-    def run_jobs(self, jobs: list[Job], shown: list[Job], first_idx: int, stop: DeferredSignals) -> dict[str, Result]:
+    def run_jobs(self, jobs: list[Job], shown: list[Job], first_idx: int, stop: DeferredSignals,
+                 waits: dict[str, data_jobs.PrepareJob] | None = None) -> dict[str, Result]:
         """Submit the jobs (at most `limit` at once) and wait for them, the `shown` ones in the live table,
-        until each has a result or, on a cluster, is lost. On a stop request nothing more is submitted,
-        and local jobs get SIGTERM (they checkpoint and end KILLED); cluster jobs still queued go on."""
+        until each has a result or, on a cluster, is lost. A job whose dataset a prepare job makes (`waits`:
+        dataset name -> it) is submitted depending on it, and fails with its error if it fails. On a stop
+        request nothing more is submitted, and local jobs get SIGTERM (they checkpoint and end KILLED);
+        cluster jobs still queued go on."""
         from .table import live_table
+        waits = waits or {}
         executor = self.executor() if jobs else None
         pending = list(enumerate(jobs, start=first_idx))
         running: dict[str, Any] = {}
         outcomes: dict[str, Result] = {}
         limit = self.bound(len(jobs))
         watch = cluster.LostJobs(cluster.lost_after_seconds())
+        prepared_by = {job.signature: waits.get(job.run.data.dataset_name()) for job in jobs}
         for job in jobs:   # the label is the job's name for the sweep: its MLflow run takes it (job.run_task)
+            prepare = prepared_by[job.signature]
             status.write(paths.runs_dir() / job.signature, state="queued", name=job.name, label=job.label, step=0,
-                         steps=job.run.train.steps, reused_from=None, error=None)
+                         steps=job.run.train.steps, reused_from=None, error=None,
+                         note=f"{data_jobs.WAITING} (SLURM job {prepare.job_id})" if prepare else None)
         with live_table(shown, "SLURM job" if self._EXECUTOR == "slurm" else None) as refresh:
             while pending or running:
                 for signature, handle in list(running.items()):
                     if _has_ended(handle):
                         outcomes[signature] = self.outcome(handle, paths.runs_dir() / signature)
                         del running[signature]
+                for prepare in waits.values():
+                    if prepare.poll():
+                        data_jobs.report(prepare)
+                        if prepare.done:
+                            data_jobs.release([h.job_id for sig, h in running.items() if prepared_by[sig] is prepare])
+                    if prepare.error:
+                        pending = self.fail_waiting(prepare, pending, running, prepared_by, outcomes)
                 for signature, state in watch.lost(_on_cluster(running)).items():
                     outcomes[signature] = self.lost(running.pop(signature), signature, state)
                 if stop.received:
@@ -241,12 +269,32 @@ class SweepLauncher(BaseSubmititLauncher):
                             del running[signature]
                 while pending and len(running) < limit and not stop.received:   # a Ctrl-C while submitting
                     idx, job = pending.pop(0)
+                    if waits:          # after its dataset's prepare job, while that one has not ended
+                        prepare = prepared_by[job.signature]
+                        executor.update_parameters(slurm_additional_parameters={
+                            **(self.params.get("additional_parameters") or {}), **(prepare.dependency() if prepare
+                                                                                  else {})})
                     with _children_ignore_sigint():
                         running[job.signature] = executor.submit(self, job.overrides, "hydra.sweep.dir", idx,
                                                                  f"job_id_for_{idx}", Singleton.get_state())
                 refresh({s: h.job_id for s, h in running.items()})
                 time.sleep(1.0)
         return outcomes
+
+    @staticmethod
+    def fail_waiting(prepare: data_jobs.PrepareJob, pending: list, running: dict, prepared_by: dict,
+                     outcomes: dict) -> list:
+        """Its dataset will not come: the jobs waiting on a failed or lost prepare job fail with its line, those
+        in the queue cancelled (their dependency can never be met), those not submitted never are. The rest of
+        `pending` is returned."""
+        waiting = {sig for sig, by in prepared_by.items() if by is prepare and sig not in outcomes}
+        data_jobs.cancel([running[sig].job_id for sig in waiting if sig in running])
+        detail = f"{data_jobs.WAITING} (failed: {prepare.error})"
+        for signature in waiting:
+            running.pop(signature, None)
+            status.write(paths.runs_dir() / signature, state="failed", error=prepare.error, note=None)
+            outcomes[signature] = Result("failed", detail)
+        return [(idx, job) for idx, job in pending if job.signature not in waiting]
 
     @staticmethod
     def _stop_local_job(handle) -> bool:

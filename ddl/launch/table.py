@@ -22,13 +22,12 @@ from rich.text import Text
 
 from .. import paths
 from ..costs import RECORDED_GPU
-from ..text import plural
+from ..text import PROGRESS_DEFAULT_S, PROGRESS_ENV, duration, plural
 from . import status
 from .configs import env_seconds
 from .estimate import CPU_TRAIN_FLOPS, job_cost, wall_seconds
 
 console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)  # logs keep whole columns
-PROGRESS_ENV, PROGRESS_DEFAULT_S = "DDL_PROGRESS_S", 30.0
 STYLES = {"finished": "green", status.REUSED: "cyan", "skipped": "cyan", "running": "bold", "queued": "dim",
           status.ELSEWHERE: "yellow", "failed": "red", "killed": "red", status.LOST: "red", "pruned": "magenta"}
 
@@ -65,13 +64,6 @@ def _fmt(value, spec: str) -> str:
     return "" if value is None else format(value, spec)
 
 
-def _eta(seconds) -> str:
-    if seconds is None:
-        return ""
-    days = int(seconds // 86400)
-    return (f"{days}d " if days else "") + time.strftime("%H:%M:%S", time.gmtime(seconds % 86400))
-
-
 def state_text(fields: dict, default: str = "queued") -> Text:
     """A job's state as the tables show it: `reused (from experiment X)` for a reused one, and what its
     store did meanwhile (`running; MLflow unreachable ...`)."""
@@ -90,7 +82,7 @@ def progress_line(name: str, fields: dict) -> str:
     if fields.get("tokens_per_s") is not None:
         parts.append(f"{fields['tokens_per_s']:,.0f} tok/s")
     if fields.get("eta_s") is not None:
-        parts.append(f"ETA {_eta(fields['eta_s'])}")
+        parts.append(f"ETA {duration(fields['eta_s'])}")
     if fields.get("note"):
         parts.append(fields["note"])
     return f"{name}: {', '.join(parts)}"
@@ -155,11 +147,13 @@ def _checkpoint_caption(jobs, costs, to_run: list[bool]) -> str:
             f"final uploads only the last, none nothing).")
 
 
-def job_table(jobs, gpus: int, slots: int, threads: int) -> _Printable:
+def job_table(jobs, gpus: int, slots: int, threads: int, data=((), "")) -> _Printable:
     """The plan: each job's name, whether it is done already (finished here, or to be reused from another
     experiment), the overrides that tell it from the others, and its cost: GPU-hours on an H100 where
     the launcher gives GPUs, core-minutes on CPU (and the sweep's wall time on `slots` parallel jobs
-    of `threads` threads)."""
+    of `threads` threads). `data`: the datasets to prepare first (ddl.launch.data_jobs.plan): a row per
+    prepare job (name, where and how long, tokens), and the caption's sentence."""
+    preparing, data_caption = data
     from .plan import already_done
     done = already_done(jobs)
     costs = [job_cost(job, gpus) for job in jobs]
@@ -175,10 +169,13 @@ def job_table(jobs, gpus: int, slots: int, threads: int) -> _Printable:
              f"{cost.gpu_memory / 2 ** 30:.0f}" if cost.cpu_seconds is None else "",
              "" if cost.cpu_seconds is None else f"{cost.cpu_seconds / 60:.1f}", job.signature]
             for job, cost, others in zip(jobs, costs, own, strict=True)]
+    rows = [[f"prepare {name}", Text(how, "yellow"), "", "", f"{tokens:.3g}", *[""] * (len(columns) - 5)]
+            for name, how, tokens in preparing] + rows
     to_run = [job.signature not in done for job in jobs]
     caption = " ".join(filter(None, [f"Every job: {' '.join(shared)}." if shared and len(jobs) > 1 else "",
                                      _cost_caption(costs, to_run, slots, threads),
                                      _checkpoint_caption(jobs, costs, to_run),
+                                     data_caption,
                                      f"{plural(len(jobs), 'job')}, {sum(to_run)} to run."]))
     title = "ddl-run: planned jobs (dry run, nothing launched)" + (f": {' '.join(shared)}" if len(jobs) == 1 and shared
                                                                     else "")
@@ -187,10 +184,10 @@ def job_table(jobs, gpus: int, slots: int, threads: int) -> _Printable:
 
 
 # -- a search (ddl.launch.tuning) -------------------------------------------------------------------
-def search_plan_table(rows, tuning, launcher) -> _Printable:
+def search_plan_table(rows, tuning, launcher, data: str = "") -> _Printable:
     """A search's dry run: per row its space, trials (or the size it is carried from), replicates and seeds, and its
     cost at most (every trial and bracket trial trained to its end, every seed of the plan run); pruning and seeds
-    that resolve early only lower it."""
+    that resolve early only lower it. `data`: the datasets prepared first (ddl.launch.data_jobs.search_sentence)."""
     gpus, cpus = launcher.params.get("gpus_per_node") or 0, launcher.params.get("cpus_per_task") or 1
     firsts = [row for row in rows if row.replicate == 0]
     slots = launcher.bound(len(rows) * tuning.trials)
@@ -219,6 +216,7 @@ def search_plan_table(rows, tuning, launcher) -> _Printable:
                ", ".join(filter(None, [cpu and f"{_minutes(sum(cpu))} core-min{wall}", gpu and f"{gpu:.3g} GPU-h"])) +
                f". Trials {at_once} at a time per search, pruner {tuning.pruner} (never beside the best); each "
                f"replicate's best at fresh seeds, paired with the tuned baseline's replicate (alpha {tuning.alpha}).")
+    caption = " ".join(filter(None, [caption, data]))
     return _Printable(fitted("ddl-run: planned search (dry run, nothing launched)", columns, table_rows, caption))
 
 
@@ -268,7 +266,7 @@ def _live(jobs, job_ids: dict[str, str], id_header: str | None) -> Table:
     for job in jobs:
         s = status.read(paths.runs_dir() / job.signature)
         rows.append([job.name, state_text(s), f"{s.get('step', 0)}/{job.run.train.steps}",
-                     _fmt(s.get("train_loss"), ".4f"), _eta(s.get("eta_s")), _fmt(s.get("tokens_per_s"), ",.0f"),
+                     _fmt(s.get("train_loss"), ".4f"), duration(s.get("eta_s")), _fmt(s.get("tokens_per_s"), ",.0f"),
                      _fmt(s.get("val_loss"), ".4f"), job.signature, job_ids.get(job.signature, "")][:len(columns)])
     return fitted("ddl-run sweep", columns, rows)
 

@@ -110,8 +110,10 @@ def run(launcher, row_overrides: list[list[str]], space: list[Dimension]) -> lis
     rows = plan_rows(launcher, row_overrides, space)
     tuning = rows[0].job.tuning
     if launcher.config.dry_run:
+        from . import data_jobs
         from .table import search_plan_table
-        search_plan_table(rows, tuning, launcher).print()
+        data = data_jobs.search_sentence(data_jobs.missing([row.job for row in rows]), launcher)
+        search_plan_table(rows, tuning, launcher, data).print()
         return []
     from ..track import searches
     from .launcher import SweepFailed

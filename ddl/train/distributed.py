@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..cpus import cpu_threads as cpu_threads   # the trainer's torch threads (ddl.cpus)
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -53,14 +55,6 @@ def any_rank_signal(received: int | None, info: DistInfo, device: torch.device) 
     flag = torch.tensor(received or 0, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return int(flag.item()) or None
-
-
-def cpu_threads() -> int:
-    """CPUs this process may use: the launcher's DDL_CPUS, SLURM's allocation, or the affinity mask."""
-    for var in ("DDL_CPUS", "SLURM_CPUS_PER_TASK"):
-        if os.environ.get(var):
-            return max(1, int(os.environ[var]))
-    return max(1, len(os.sched_getaffinity(0)))
 
 
 def keep_freed_memory() -> bool:

@@ -160,7 +160,7 @@ class Trainer:
         self.dataset = open_dataset(prepare(self.run.data, root=data_root, progress=self.info.is_main))
         self.bytes_per_token = self.dataset.manifest["bytes_per_token"]["val"]
         self.loader = BatchLoader(self.dataset.train, self.cfg.micro_batch, self.cfg.seq_len, seed=self.run.rng_seed,
-                                  rank=self.info.rank, world_size=self.info.world_size)
+                                  rank=self.info.rank, world_size=self.info.world_size, device=self.device)
         self.accum = self.cfg.grad_accum(self.info.world_size)
 
     def _setup_model(self) -> None:
