@@ -54,7 +54,7 @@ bench: install
 	$(BIN)/python -m ddl.bench
 	$(BIN)/python -m ddl.data.bench
 
-# µP's coordinate check: every row at widths 64-512 for a few steps under sp and mup; reports/coord/.
+# µP's coordinate check: every row at widths 128-512 for 3 steps under sp and mup, judged; reports/coord/.
 coord: install
 	$(BIN)/python -m ddl.coord
 

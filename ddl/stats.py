@@ -102,3 +102,25 @@ def mean_interval(values, confidence: float = CONFIDENCE) -> Estimate | None:
         return Estimate(n, mean, None, None)
     half = t_quantile(n, confidence) * math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) / math.sqrt(n)
     return Estimate(n, mean, mean - half, mean + half)
+
+
+@dataclass(frozen=True)
+class Slope:
+    """The least-squares slope of y on x over n points, with its t interval (None under three points)."""
+    n: int
+    value: float
+    low: float | None
+    high: float | None
+
+
+def slope(x: list[float], y: list[float], confidence: float = CONFIDENCE) -> Slope:
+    """y = a + b x by least squares: b, and its interval from Student's t with n - 2 degrees of freedom."""
+    n = len(x)
+    mx, my = sum(x) / n, sum(y) / n
+    sxx = sum((xi - mx) ** 2 for xi in x)
+    b = sum((xi - mx) * (yi - my) for xi, yi in zip(x, y, strict=True)) / sxx
+    if n < 3:
+        return Slope(n, b, None, None)
+    residual = sum((yi - my - b * (xi - mx)) ** 2 for xi, yi in zip(x, y, strict=True))
+    half = t_quantile(n - 1, confidence) * math.sqrt(residual / (n - 2) / sxx)
+    return Slope(n, b, b - half, b + half)

@@ -56,6 +56,26 @@ def test_ddl_run_refuses_a_bad_budget_with_exit_2_and_writes_nothing(ddl_home):
         "> 0 (tokens per non-embedding parameter)")
 
 
+def test_warmup_frac_sets_the_warmup_from_the_steps_the_budget_set():
+    """The same schedule shape at every horizon: the warmup is the share f of whatever steps the run has."""
+    for size in CPU_SIZES:
+        shaped = run(size, "ddl_dv4", tokens_per_param=0.75, warmup_frac=0.052)
+        assert shaped.train.warmup_steps == round(0.052 * shaped.train.steps)
+    tiny = run("tiny", tokens_per_param=0.75, warmup_frac=0.052)
+    assert tiny.train.steps == 577 and tiny.train.warmup_steps == 30       # the tuned study's runs, unchanged
+    assert tiny.signature() == run("tiny", tokens_per_param=0.75).signature()
+    assert "warmup_frac" not in tiny.effective_dict()["train"]
+    assert run("tiny", steps=100, warmup_frac=0.0).train.warmup_steps == 0
+    assert RunConfig.from_dict(tiny.to_dict()).signature() == tiny.signature()   # a checkpoint's config
+
+
+@pytest.mark.parametrize("bad", [1.5, 1, -0.1, float("nan"), True, "0.1"])
+def test_a_bad_warmup_share_is_one_line_naming_the_key(bad):
+    with pytest.raises(ValueError, match=r"^train\.warmup_frac=.*: must be null \(train\.warmup_steps sets the "
+                                         r"warmup\) or a number in \[0, 1\)"):
+        TrainConfig(warmup_frac=bad)
+
+
 def test_sizes_between_and_beyond_the_papers():
     from ddl.report.scaling import PAPER_N
     n = {size: non_embedding_params(model_config(size)) for size in (*CPU_SIZES, "small", "medium", "large")}
@@ -189,10 +209,17 @@ def test_one_size_writes_no_view_across_sizes(module_ddl_home, synthetic):
 
 
 @pytest.mark.slow
-def test_the_tuned_scaling_sweep_searches_micro_carries_to_tiny_and_mini_within_90_minutes(ddl_home):
-    out = run_cli("ddl-run", "-m", "+sweep=scaling_tuned", "--dry-run", env_extra={"COLUMNS": "200"})
+def test_the_tuned_scaling_sweep_refuses_its_horizons_and_with_an_exponent_carries_within_90_minutes(ddl_home):
+    out = run_cli("ddl-run", "-m", "+sweep=scaling_tuned", "--dry-run")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("ddl-run: error: tune.max_horizon_ratio=2: carrying train.lr from 74,752 to 590,848 "
+                           "tokens a run (7.9x)"), line
+    out = run_cli("ddl-run", "-m", "+sweep=scaling_tuned", "tune.horizon_exponent=0.5", "--dry-run",
+                  env_extra={"COLUMNS": "200"})
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     text = " ".join(out.stdout.split())
+    assert text.count("carried from micro, train.lr x 0.356") == 4 and text.count("train.lr x 0.232") == 4
     assert "4 rows searched at micro, 8 carried from there" in text
     for size in ("tiny", "mini"):
         assert all(f"{row}-{size} " in out.stdout for row in ("baseline", "ddl_dv1", "ddl_dv4", "ddl_dv4_ec"))

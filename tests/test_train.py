@@ -36,14 +36,14 @@ class Recorder:
         return [(s, m["train/loss"]) for s, m in self.rows if "train/loss" in m]
 
 
-def micro_run(residual="ddl", dv=4, param="sp", **train_kw):
+def micro_run(residual="ddl", dv=4, param="sp", depth_param="none", **train_kw):
     """Under mup at base width 32: micro's width 64 is m = 2, where µP differs from sp."""
     kw = dict(steps=8, batch_tokens=4 * 32, micro_batch=4, seq_len=32, warmup_steps=2, eval_every=4,
               eval_tokens=512, ckpt_every=4, log_every=1)
     kw.update(train_kw)
     data = DataConfig()
     model = model_config("micro", vocab_size=data.model_vocab_size(), residual=residual, dv=dv, param=param,
-                         mup_base_width=32)
+                         mup_base_width=32, depth_param=depth_param)
     return RunConfig(model, data, TrainConfig(**kw), seed=1)
 
 
@@ -94,6 +94,9 @@ def test_checkpoints_are_atomic_pruned_and_signed(tmp_path, data_root):
         train(micro_run(steps=12), tmp_path, Recorder(), "other", data_root=data_root)
     with pytest.raises(ValueError, match=r"^model.param='mup': checkpoint .* was trained under model.param='sp'; "):
         train(micro_run(steps=12, param="mup"), tmp_path, Recorder(), "sig", data_root=data_root)
+    with pytest.raises(ValueError, match=r"^model.depth_param='completep': checkpoint .* was trained under "
+                                         r"model.depth_param='none'; it loads only under that one$"):
+        train(micro_run(steps=12, depth_param="completep"), tmp_path, Recorder(), "sig", data_root=data_root)
     model, meta = checkpoint.load_checkpoint_model(tmp_path)
     assert meta["step"] == 12 and not model.training
 

@@ -9,9 +9,11 @@ import json
 import os
 import signal
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 
+from ddl.tune.horizon import carry_factors
 from tests.conftest import VENV_BIN, logged_steps, mlflow_runs, run_cli
 
 SEARCH = ["residual=ddl,baseline", "dv=4", "train.lr=tag(log, interval(3e-4, 3e-2))", "model=micro", "train=smoke",
@@ -157,6 +159,8 @@ def test_the_pruner_never_stops_a_neighbour_of_the_best():
     ("tune.trials=0", "tune.trials=0: must be an integer >= 1"),
     ("tune.replicates=0", "tune.replicates=0: must be an integer in [1, 1000)"),
     ("tune.search_size=tiny", "tune.search_size=tiny: must be null or one of the sweep's sizes: micro"),
+    ("tune.max_horizon_ratio=0.5", "tune.max_horizon_ratio=0.5: must be null or a number >= 1"),
+    ("tune.horizon_exponent=nan", "tune.horizon_exponent=nan: must be null or a finite number"),
 ])
 def test_bad_search_input_is_one_line_and_creates_nothing(ddl_home, override, says):
     search = "train.lr=interval(1e-4, 1e-2)" if override.startswith("tune.") else override
@@ -215,6 +219,22 @@ def test_a_dry_run_shows_which_rows_are_searched_and_which_carried(ddl_home):
     assert out.stdout.count("carried from micro") == 2 and "2 rows searched at micro, 2 carried from there" in text
     assert "at most 28 jobs" in text   # micro: 2 rows x 2 replicates x (2 trials + 1 bracket + 2 seeds); tiny: 2 seeds
     assert not ddl_home.exists()
+
+
+def config(steps: int, batch_tokens: int = 1024):
+    return SimpleNamespace(train=SimpleNamespace(steps=steps, batch_tokens=batch_tokens))
+
+
+def test_the_horizon_rule_moves_a_carried_lr_or_refuses_a_carry_too_far():
+    assert carry_factors(config(100), config(400), ["train.lr"], 0.5, None) == {"train.lr": pytest.approx(0.5)}
+    assert carry_factors(config(100), config(100, 4096), ["train.lr"], 1.0, 2.0) == {"train.lr": pytest.approx(0.25)}
+    assert carry_factors(config(100), config(400), ["train.wd"], None, 2.0) == {}       # only the lr moves
+    assert carry_factors(config(100), config(200), ["train.lr"], None, 2.0) == {}       # within the ratio: as it is
+    with pytest.raises(ValueError, match=r"^tune\.max_horizon_ratio=2: carrying train\.lr from 102,400 to 409,600 "
+                                         r"tokens a run \(4x\)"):
+        carry_factors(config(100), config(400), ["train.lr"], None, 2.0)
+    with pytest.raises(ValueError, match=r"\(0\.25x\)"):
+        carry_factors(config(400), config(100), ["train.lr"], None, 2.0)
 
 
 @pytest.fixture(scope="module")

@@ -201,8 +201,8 @@ def search_plan_table(rows, tuning, launcher, data: str = "") -> _Printable:
                Column("cost at most", 4, True)]
     seeds = "auto: " + ", ".join(map(str, tuning.seed_plan)) if tuning.seeds == "auto" else tuning.seeds
     table_rows = [[row.name, row.search, " ".join(d.spec() for d in row.space),
-                   f"carried from {row.source.size}" if row.source else
-                   f"{tuning.trials} + {tuning.bracket_trials} bracket", str(tuning.replicates), seeds, str(n),
+                   row.carried or f"{tuning.trials} + {tuning.bracket_trials} bracket", str(tuning.replicates), seeds,
+                   str(n),
                    f"{_minutes(c.cpu_seconds * n)} core-min" if c.cpu_seconds is not None else
                    f"{c.gpu_hours * n:.3g} GPU-h"] for row, c, n in zip(firsts, costs, runs, strict=True)]
     wall = f", about {_minutes(wall_seconds(cpu, slots, cpus))} min wall on {plural(slots, 'slot')}" if cpu else ""
@@ -245,7 +245,7 @@ def search_result_table(rows, looks: dict, baseline_of, replicates_of) -> _Print
         said = verdict(found, bracketed) if base is not None else (NOT_BRACKETED if not bracketed else "(baseline)")
         values = "; ".join(" ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.best.items())
                            + (f" (not bracketed: {', '.join(r.open)})" if r.open else "") for r in replicas)
-        values += f" (carried from {first.source.size})" if first.source else ""
+        values += f" ({first.carried})" if first.source else ""
         seeds = "/".join(str(len(r.seeds)) for r in replicas)
         table_rows.append([first.name, values, loss, seeds, gap, said, first.search])
     caption = ("Each row searched once per replicate; its loss: each replicate's best at fresh seeds (never the seed "

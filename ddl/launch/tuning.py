@@ -37,6 +37,7 @@ class RowSearch:
     space: list[Dimension]
     source: RowSearch | None = None      # a carried row: its row's replicate at tune.search_size, whose best it runs
     replicate: int = 0
+    factors: dict = field(default_factory=dict)    # a carried row: its source's best times these (the horizon rule)
     search: str = ""                     # the search's id: the row's signature, the space, replicate (and source)
     parent: str = ""                     # its parent MLflow run
     best: dict = field(default_factory=dict)       # the best trial's values
@@ -47,7 +48,8 @@ class RowSearch:
     def __post_init__(self) -> None:
         spec = json.dumps([self.job.signature, [d.spec() for d in self.space], self.job.tuning.sampler_seed,
                            *([self.source.search] if self.source else []),
-                           *([self.replicate] if self.replicate else [])])      # replicate 0: the search before them
+                           *([self.replicate] if self.replicate else []),       # replicate 0: the search before them
+                           *([self.factors] if self.factors else [])])
         self.search = hashlib.sha256(spec.encode()).hexdigest()[:10]
 
     @property
@@ -59,11 +61,19 @@ class RowSearch:
         return size_name(self.job.run.model)
 
     @property
+    def carried(self) -> str:
+        """'carried from micro', with what the horizon rule multiplies ('train.lr x 0.5'); '' for a searched row."""
+        if self.source is None:
+            return ""
+        return ", ".join([f"carried from {self.source.size}", *(f"{k} x {f:.3g}" for k, f in self.factors.items())])
+
+    @property
     def bracketed(self) -> bool:
         return bool(self.best) and not self.open
 
     def parent_tags(self, row_search: str) -> dict:
-        carried = {"ddl.carried_from": self.source.size, "ddl.source_search": self.source.search} if self.source else {}
+        carried = {"ddl.carried_from": self.source.size, "ddl.source_search": self.source.search,
+                   **({"ddl.carry_factors": json.dumps(self.factors)} if self.factors else {})} if self.source else {}
         return {"ddl.row": self.name, "ddl.space": " ".join(d.spec() for d in self.space),
                 "ddl.replicate": str(self.replicate), "ddl.row_search": row_search, **carried}
 
@@ -138,18 +148,20 @@ def plan_rows(launcher, row_overrides: list[list[str]], space: list[Dimension]) 
     if len(settings) > 1:
         raise ConfigError("tune.*: one setting for the whole sweep; a list of tune values is not a sweep axis")
     tuning = settings.pop()
-    firsts = _carried(plan.jobs, space, tuning.search_size)
+    firsts = _carried(plan.jobs, space, tuning)
     replicas: dict[int, list[RowSearch]] = {}
     for first in sorted(firsts, key=lambda row: row.source is not None):      # a carried row's source first
         sources = replicas[id(first.source)] if first.source else [None] * tuning.replicates
-        replicas[id(first)] = [first, *(RowSearch(first.job, space, sources[r], r)
+        replicas[id(first)] = [first, *(RowSearch(first.job, space, sources[r], r, first.factors)
                                         for r in range(1, tuning.replicates))]
     return [replicate for first in firsts for replicate in replicas[id(first)]]
 
 
-def _carried(jobs: list[Job], space: list[Dimension], size: str | None) -> list[RowSearch]:
+def _carried(jobs: list[Job], space: list[Dimension], tuning: TuneConfig) -> list[RowSearch]:
     """The rows; with tune.search_size, a row of another size is carried from the row of that size with its
-    row name, seed and label."""
+    row name, seed and label, its values moved by the horizon rule (ddl.tune.horizon)."""
+    from ..tune.horizon import carry_factors
+    size = tuning.search_size
     if size is None:
         return [RowSearch(job, space) for job in jobs]
     sizes = list(dict.fromkeys(size_name(job.run.model) for job in jobs))
@@ -164,7 +176,15 @@ def _carried(jobs: list[Job], space: list[Dimension], size: str | None) -> list[
         if key(job) not in searched:
             raise ConfigError(f"tune.search_size={size}: {job.name} has no row at {size} to carry its best from")
         source = searched[key(job)]
-        rows.append(source if source.job is job else RowSearch(job, space, source))
+        if source.job is job:
+            rows.append(source)
+            continue
+        try:
+            factors = carry_factors(source.job.run, job.run, [d.key for d in space], tuning.horizon_exponent,
+                                    tuning.max_horizon_ratio)
+        except ValueError as err:
+            raise ConfigError(f"{err} ({source.name} to {job.name})") from None
+        rows.append(RowSearch(job, space, source, factors=factors))
     return rows
 
 
@@ -237,7 +257,9 @@ def _best(row: RowSearch, tuning: TuneConfig) -> None:
     from ..track import searches
     from ..tune.bracket import best, open_edges
     if row.source is not None:
-        row.best, row.open = row.source.best, row.source.open
+        row.best = {key: value * row.factors[key] if key in row.factors else value
+                    for key, value in row.source.best.items()}
+        row.open = row.source.open
         return
     trials = row.runs("trial")
     found = best(trials)

@@ -34,6 +34,14 @@ Knob semantics (paper sections 3-4, appendix B; the reference implementation whe
   code's) or 'mup' (ddl/model/mup.py: µP, Yang et al. 2022; the paper trains with it but ships no
   recipe), under which a learning rate tuned at one width carries to others. mup_base_width: the
   width at which mup equals sp (default 128, the CPU study's tiny; the cluster sweeps set their own).
+  logit_mult and embed_lr_mult: the base width's output multiplier (the logits' factor) and the tied
+  embedding's learning-rate factor, the two constants µP leaves free (the mup package's output_mult and
+  input lr); under mup they carry to every width with the rest. 1 and 1: the reference code's model.
+- depth_param: how depth scales. 'none' (the reference code) or 'completep' (ddl/model/mup.py: CompleteP,
+  Dey et al. 2025, alpha = 1): each residual branch's output (the baseline) or each Delta write's value v
+  (DDL; beta is never scaled) times depth_base / n_layer, the output projections' init at depth_base's,
+  and Adam's eps of the blocks' parameters times depth_base / n_layer. At n_layer = depth_base it is the
+  'none' model bit for bit. depth_base: that depth (default 4, the CPU study's tiny).
 - state_dtype: what the state X is stored in between the Delta ops, which compute in fp32 whatever it
   is: 'auto' (bf16 on CUDA, where the state's memory traffic is the Delta residual's cost; the
   embedding's dtype elsewhere: fp32, where parity with the reference code lives), 'fp32' or 'bf16'.
@@ -62,13 +70,15 @@ PARAMS = ("sp", "mup")
 CC_PADDINGS = ("centered", "causal")
 QK_NORMS = ("after_rope", "before_rope")
 STATE_DTYPES = ("auto", "fp32", "bf16")
+DEPTH_PARAMS = ("none", "completep")
 # The knobs of the Delta residual: none of them shapes a baseline.
 DDL_KNOBS = ("dv", "conv", "mapping", "beta_init", "beta_estimator", "beta_hidden", "k_eps", "kernels",
              "v_sigmoid_scale", "state_conv_kernel", "embed_conv_kernel", "read_init", "cc_padding", "n_h",
              "state_dtype")
 # Fields added after run signatures were first written, with the value every earlier run had: at
 # that value a field is left out of the run's effective config, so earlier signatures still hold.
-LATER_FIELDS = dict(n_h=1, param="sp", mup_base_width=128, state_dtype="auto")
+LATER_FIELDS = dict(n_h=1, param="sp", mup_base_width=128, state_dtype="auto", logit_mult=1.0, embed_lr_mult=1.0,
+                    depth_param="none", depth_base=4)
 # What a config saved before these fields existed was built with (a checkpoint written before
 # reference parity): loading it with these values computes the function it was trained as.
 PRE_PARITY = dict(init="gpt2", norm_eps=1e-6, qk_norm="before_rope", cc_padding="causal")
@@ -119,10 +129,14 @@ class ModelConfig:
     param: str = "sp"
     mup_base_width: int = 128
     state_dtype: str = "auto"
+    logit_mult: float = 1.0
+    embed_lr_mult: float = 1.0
+    depth_param: str = "none"
+    depth_base: int = 4
 
     def __post_init__(self) -> None:
         for key in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len", "dv", "beta_hidden",
-                    "embed_conv_kernel", "n_h", "mup_base_width"):
+                    "embed_conv_kernel", "n_h", "mup_base_width", "depth_base"):
             _need_int(key, getattr(self, key), 1)
         _need_choice("residual", self.residual, RESIDUALS)
         _need_choice("conv", self.conv, CONVS)
@@ -134,6 +148,10 @@ class ModelConfig:
         _need_choice("cc_padding", self.cc_padding, CC_PADDINGS)
         _need_choice("param", self.param, PARAMS)
         _need_choice("state_dtype", self.state_dtype, STATE_DTYPES)
+        _need_choice("depth_param", self.depth_param, DEPTH_PARAMS)
+        for key in ("logit_mult", "embed_lr_mult"):
+            if not is_number(getattr(self, key)) or not 0 < getattr(self, key) < float("inf"):
+                _fail(key, getattr(self, key), "must be a finite number > 0 (a multiplier; 1: none)")
         if self.param == "mup" and self.init != "reference":
             _fail("init", self.init, "must be reference with param=mup (µP scales the reference init by width)")
         if self.d_model % self.n_head:
@@ -194,6 +212,9 @@ class ModelConfig:
         """
         defaults = ModelConfig()
         cfg = self if self.param == "mup" else dataclasses.replace(self, mup_base_width=defaults.mup_base_width)
+        if self.depth_param == "none":
+            cfg = dataclasses.replace(cfg, depth_base=defaults.depth_base)
+        cfg = dataclasses.replace(cfg, logit_mult=float(self.logit_mult), embed_lr_mult=float(self.embed_lr_mult))
         if self.residual == "baseline":
             return dataclasses.replace(cfg, **{k: getattr(defaults, k) for k in DDL_KNOBS})
         changes: dict = {"beta_init": float(self.beta_init)}

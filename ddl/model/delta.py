@@ -156,7 +156,7 @@ class DeltaResidual(nn.Module):
         self.mapping = cfg.mapping
         self.read_k_from_context = cfg.dv == 1  # v-Map: phi_k(x_ctx) for d_v=1, phi_k(x_in) for d_v>1
         self.k_eps = cfg.k_eps
-        self.v_scale = cfg.v_sigmoid_scale * value_multiplier(cfg)   # µP: times sqrt(m)
+        self.v_scale = cfg.v_sigmoid_scale * value_multiplier(cfg)   # µP: times sqrt(m); CompleteP: the write's r
         self.beta_gate = make_beta_gate(cfg)
         self.W_v = nn.Linear(d, cfg.dv, bias=True)
         self.phi_k = nn.Linear(d, d, bias=False) if cfg.mapping == "v" else None
@@ -164,6 +164,8 @@ class DeltaResidual(nn.Module):
         self.beta_bias_init = _logit(cfg.beta_init / 2.0)
         self.update_steps = delta_kernels(cfg.kernels).update_steps
         self.last_betas: list[torch.Tensor] = []  # per step, (B,T,1), detached, for beta_stats()
+        self.recording = False                    # keep every step's (k~, beta, v) too: the coordinate check's
+        self.last_steps: list[tuple[torch.Tensor, ...]] = []
 
     def gate_outputs(self) -> list[nn.Linear]:
         return [gate_output(self.beta_gate)] + [gate_output(step.beta_gate) for step in self.further]
@@ -195,6 +197,8 @@ class DeltaResidual(nn.Module):
         steps += [step.components(h, beta_pre, v_pre, self.v_scale)
                   for step, beta_pre, v_pre in zip(self.further, beta_pres[1:], v_pres[1:], strict=True)]
         self.last_betas = [beta.detach() for _, beta, _ in steps]
+        if self.recording:
+            self.last_steps = [tuple(t.detach() for t in step) for step in steps]
         return steps
 
     def forward(self, X: torch.Tensor, h: torch.Tensor, inp: SublayerInput):

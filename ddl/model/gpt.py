@@ -17,7 +17,7 @@ from torch import nn
 from .config import ModelConfig
 from .delta import DeltaResidual, EmbedExpander, StateCompressor, delta_kernels, make_compressor
 from .fused import at_least_fp32, state_dtype
-from .mup import logit_multiplier, rescale_init
+from .mup import depth_multiplier, init_depth, logit_multiplier, rescale_init
 
 OUTPUT_PROJECTIONS = ("attn.proj.weight", "mlp.w_down.weight")
 
@@ -77,16 +77,21 @@ class SwiGLU(nn.Module):
 
 
 class AdditiveBlock(nn.Module):
-    """Baseline: x <- x + F(norm(x)) for attention, then for the MLP."""
+    """Baseline: x <- x + r F(norm(x)) for attention, then for the MLP; r = 1 but under CompleteP
+    (ModelConfig.depth_param, ddl/model/mup.py)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.norm_attn, self.attn = RMSNorm(cfg.d_model, eps=cfg.norm_eps), CausalSelfAttention(cfg)
         self.norm_mlp, self.mlp = RMSNorm(cfg.d_model, eps=cfg.norm_eps), SwiGLU(cfg)
+        self.branch_scale = depth_multiplier(cfg)
+
+    def branch(self, out: torch.Tensor) -> torch.Tensor:
+        return out if self.branch_scale == 1.0 else out * self.branch_scale
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm_attn(x), cos, sin)
-        return x + self.mlp(self.norm_mlp(x))
+        x = x + self.branch(self.attn(self.norm_attn(x), cos, sin))
+        return x + self.branch(self.mlp(self.norm_mlp(x)))
 
 
 class DeltaBlock(nn.Module):
@@ -182,8 +187,8 @@ class GPT(nn.Module):
             rescale_init(self, self.cfg)
 
     def _init_reference(self) -> None:
-        """Every matrix and conv kernel N(0, 0.5/sqrt(d)), the output projections N(0, 0.5/sqrt(d L)),
-        the embedding N(0, init_std); vectors (norms, biases, w_p) keep their construction values."""
+        """Every matrix and conv kernel N(0, 0.5/sqrt(d)), the output projections N(0, 0.5/sqrt(d L)) (L: CompleteP's
+        depth_base), the embedding N(0, init_std); vectors (norms, biases, w_p) keep their construction values."""
         hidden_std = 0.5 / math.sqrt(self.cfg.d_model)
         for name, p in self.named_parameters():
             if p.dim() < 2 or (self.expand is not None and p is self.expand.weight):   # EC stays the identity
@@ -191,14 +196,14 @@ class GPT(nn.Module):
             if name == "wte.weight":
                 std = self.cfg.init_std
             elif name.endswith(OUTPUT_PROJECTIONS):
-                std = hidden_std / math.sqrt(self.cfg.n_layer)
+                std = hidden_std / math.sqrt(init_depth(self.cfg))
             else:
                 std = hidden_std
             nn.init.normal_(p, 0.0, std)
 
     def _init_gpt2(self) -> None:
         std = self.cfg.init_std
-        residual_out_std = std / math.sqrt(2 * self.cfg.n_layer)
+        residual_out_std = std / math.sqrt(2 * init_depth(self.cfg))
         for name, module in self.named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 is_out = f"{name}.weight".endswith(OUTPUT_PROJECTIONS)

@@ -1,6 +1,6 @@
 """`reports/<experiment>/`: every table as .md/.tex/.csv (a search's tuned table among them), Figure 2, the
 Delta diagnostics by layer and, where a key was searched or listed, the sensitivity to it as PNG/SVG (and,
-for one depth at several widths over listed learning rates, lr_transfer: each width's best); with
+for runs along one axis, width, depth or horizon, over listed learning rates, lr_transfer: each value's best); with
 runs of two sizes or more the view across sizes (scaling.md/.csv, scaling_gap and
 scaling_loss as PNG/SVG), one index.html.
 
@@ -20,8 +20,9 @@ import pandas as pd
 
 from ..validation import safe_name
 from . import render
+from . import transfer
 from .compute import check_measure
-from .figures import layer_diagnostics, loss_curves, lr_transfer, sensitivity
+from .figures import layer_diagnostics, loss_curves, sensitivity
 from .scaling import CrossSize, cross_size
 from .scaling_figures import gap_figure, loss_figure
 from .tables import Table, accuracy_table, deltaproduct_table, evaluated, loss_table, variant_rows
@@ -38,6 +39,7 @@ class Report:
     runs: pd.DataFrame
     unit: str
     across: CrossSize | None = None   # the view across sizes, with finished runs of two sizes or more
+    transfer: pd.DataFrame | None = None   # the best lr along one axis (ddl.report.transfer), where the runs have one
 
 
 def _sizes(runs: pd.DataFrame) -> list[str]:
@@ -71,7 +73,8 @@ def build(experiment: str, runs: pd.DataFrame, histories: pd.DataFrame, out_root
         drawn = loss_curves(runs, histories, size, unit, staging) + layer_diagnostics(runs, size, staging) + \
             sensitivity(runs, size, unit, staging)
         figures += [f for f in drawn if f.endswith(".png")]
-    figures += [f for f in lr_transfer(runs, unit, staging) if f.endswith(".png")]
+    transferred, drawn = transfer.write(runs, unit, staging)
+    figures += [f for f in drawn if f.endswith(".png")]
     view = _view(runs, searches, tables, sizes, unit)
     across = _across_sizes(view, staging)
     for table in tables:
@@ -93,7 +96,7 @@ def build(experiment: str, runs: pd.DataFrame, histories: pd.DataFrame, out_root
         shutil.rmtree(old)
     else:
         os.replace(staging, final)
-    return Report(experiment, final, tables, runs, unit, view)
+    return Report(experiment, final, tables, runs, unit, view, transferred)
 
 
 def _view(runs: pd.DataFrame, searches: pd.DataFrame, tables: list[Table], sizes: list[str], unit: str):

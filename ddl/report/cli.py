@@ -58,8 +58,8 @@ def _report(names: list[str] | None, out: Path | None, measure: str = "flops") -
 
 def _print_summary(console, experiment: str, report) -> None:
     """What the console shows of a written report: the final losses, the comparisons with the baseline and
-    the paper, the marks' notes, a search's tuned rows, the gaps across sizes (measured and fitted), and where
-    the report is."""
+    the paper, the marks' notes, a search's tuned rows, the gaps across sizes (measured and fitted), the best lr
+    along a transfer study's axis, and where the report is."""
     from .render import compared, ours
     from .scaling import sections
     from .tables import row_label
@@ -84,6 +84,11 @@ def _print_summary(console, experiment: str, report) -> None:
     if report.across is not None:
         for title, headers, table_rows, note in sections(report.across)[::2]:   # the gaps, measured and fitted
             console.print(_table(title, headers, table_rows, caption=note))
+    if report.transfer is not None:
+        from . import transfer
+        title = f"{experiment}: the best learning rate along {report.transfer['axis'].iloc[0]}"
+        console.print(_table(title, transfer.HEADERS, transfer.rows(report.transfer),
+                             caption="\n".join(transfer.summaries(report.transfer))))
     console.print(f"report: {report.path / 'index.html'}  ({plural(len(report.tables), 'table')}, "
                   f"{plural(len(list(report.path.glob('*.png'))), 'figure')})")
 

@@ -146,13 +146,20 @@ def newest_intact(run_dir: Path, map_location="cpu") -> tuple[Path, dict] | None
     return None
 
 
-def check_parameterization(path: Path, state: dict, param: str) -> None:
-    """A checkpoint loads only under the parameterization it was trained with (model.param; one written
-    before the key existed is sp): under the other, the same weights compute another function."""
-    saved = state["run"]["model"].get("param", "sp")
-    if saved != param:
-        raise ValueError(f"model.param={param!r}: checkpoint {str(path)!r} was trained under model.param={saved!r}; "
-                         f"it loads only under that one")
+# The parameterizations a checkpoint records (model.param, model.depth_param), each with what a checkpoint written
+# before it existed was trained under.
+PARAMETERIZATIONS = {"param": "sp", "depth_param": "none"}
+
+
+def check_parameterization(path: Path, state: dict, model) -> None:
+    """A checkpoint loads only under the parameterizations it was trained with (model.param, model.depth_param;
+    one written before a key existed has its earlier value): under another, the same weights compute another
+    function or train another way."""
+    for key, earlier in PARAMETERIZATIONS.items():
+        saved, wanted = state["run"]["model"].get(key, earlier), getattr(model, key)
+        if saved != wanted:
+            raise ValueError(f"model.{key}={wanted!r}: checkpoint {str(path)!r} was trained under "
+                             f"model.{key}={saved!r}; it loads only under that one")
 
 
 def load_checkpoint_model(path: Path, map_location="cpu"):

@@ -5,6 +5,9 @@ Schedules (Hydra YAML in conf/train/ mirrors these):
 - cpu:   a few hundred steps of 8 x 128 tokens: the embedded demo on a laptop core
 A token budget that grows with the model (a scaling study): `tokens_per_param` = c sets steps to
 ceil(c * N / batch_tokens), N the backbone's non-embedding parameters (ddl.model.config.backbone_params).
+A schedule of one shape at every horizon: `warmup_frac` = f sets warmup_steps to round(f * steps) (the cosine
+after it already spans the rest of the run, whatever its length), so runs whose steps differ warm up over the
+same share of them.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class TrainConfig:
     device: str = "auto"              # auto | cpu | cuda
     checkpoint_artifact: str = "latest"   # CHECKPOINT_ARTIFACTS: what travels with the run to its store
     tokens_per_param: float | None = None   # c: train on c * N tokens (sets steps); null: `steps` does
+    warmup_frac: float | None = None        # f: warm up over round(f * steps) steps; null: `warmup_steps` does
 
     def __post_init__(self) -> None:
         for key in ("steps", "batch_tokens", "micro_batch", "seq_len", "eval_every", "eval_tokens", "ckpt_every",
@@ -101,6 +105,9 @@ class TrainConfig:
             _fail("tokens_per_param", self.tokens_per_param,
                   "must be null (train.steps sets the budget) or a finite number > 0 (tokens per non-embedding "
                   "parameter)")
+        if self.warmup_frac is not None and not (is_number(self.warmup_frac) and 0 <= self.warmup_frac < 1):
+            _fail("warmup_frac", self.warmup_frac,
+                  "must be null (train.warmup_steps sets the warmup) or a number in [0, 1) (the run's share)")
 
     def grad_accum(self, world_size: int) -> int:
         per_step = self.micro_batch * self.seq_len * world_size
@@ -134,6 +141,9 @@ class RunConfig:
             budget = self.train.tokens_per_param * backbone_params(self.model)
             steps = max(1, math.ceil(budget / self.train.batch_tokens))
             object.__setattr__(self, "train", dataclasses.replace(self.train, steps=steps))
+        if self.train.warmup_frac is not None:        # the share f of the steps decides the warmup
+            warmup = round(self.train.warmup_frac * self.train.steps)
+            object.__setattr__(self, "train", dataclasses.replace(self.train, warmup_steps=warmup))
 
     @property
     def rng_seed(self) -> int:
@@ -155,7 +165,7 @@ class RunConfig:
         """What changes the numbers: the signature is a hash of this (and the MLflow params are it).
         Not in it: the data fields the source ignores, when the run logs, validates and saves, a
         model field added later while it holds the value earlier runs had (LATER_FIELDS), replica 0, and the
-        token budget's c (what it changes is the steps it set)."""
+        token budget's c and the warmup's share f (what they change is the steps they set)."""
         effective = RunConfig(self.model.effective(), self.data, self.train, self.seed, self.replica).to_dict()
         if not self.replica:
             del effective["replica"]             # replica 0 is the run itself: the signature runs had before it
@@ -163,7 +173,7 @@ class RunConfig:
         for key, earlier in LATER_FIELDS.items():
             if effective["model"][key] == earlier:
                 del effective["model"][key]
-        for key in (*BOOKKEEPING, "tokens_per_param"):
+        for key in (*BOOKKEEPING, "tokens_per_param", "warmup_frac"):
             del effective["train"][key]
         return effective
 

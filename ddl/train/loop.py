@@ -180,7 +180,7 @@ class Trainer:
         if intact is None:
             return None
         found, state = intact
-        checkpoint.check_parameterization(found, state, self.run.model.param)
+        checkpoint.check_parameterization(found, state, self.run.model)
         if state["signature"] != self.signature:
             raise ValueError(f"run_dir={str(self.run_dir)!r}: holds checkpoints of run {state['signature']}, "
                              f"not {self.signature}; refusing to mix runs")

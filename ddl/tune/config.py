@@ -1,7 +1,7 @@
 """A sweep's search settings (`tune.*`), checked before anything runs. Pure Python: no optuna here.
 
 The user sets `trials`, `replicates`, `bracket_trials`, `seeds`, `max_seeds`, `parallel`, `pruner`,
-`prune_warmup`, `sampler_seed`, `alpha`, `search_size`;
+`prune_warmup`, `sampler_seed`, `alpha`, `search_size`, `horizon_exponent`, `max_horizon_ratio` (ddl/tune/horizon.py);
 the search driver sets `keys`, `search`, `trial`, `parent` and `role` on the jobs it launches, which is how a job
 knows it is a trial (its MLflow tags, its pruning). None of it enters a run's signature.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..validation import failure, is_int, is_number
+from ..validation import failure, is_finite, is_int, is_number
 
 _fail = failure("tune")
 ROLES = ("", "trial", "confirm")
@@ -34,6 +34,8 @@ class TuneConfig:
     sampler_seed: int = 0           # TPE's seed: the same history asks the same next trials
     alpha: float = 0.05             # the confirmation's error rate (two-sided), over all its looks
     search_size: str | None = None  # search only the rows of this size; the others run their row's best found there
+    horizon_exponent: float | None = None   # a carried lr times (tokens there / here)^-exponent (ddl/tune/horizon.py)
+    max_horizon_ratio: float | None = 2.0   # without an exponent, no carry across more than this ratio of tokens
     keys: tuple[str, ...] = ()      # set by the driver on its jobs: the searched keys
     search: str = ""                # ... the row's search id
     trial: int = -1                 # ... the trial's number in it
@@ -64,6 +66,12 @@ class TuneConfig:
             _fail("alpha", self.alpha, "must be a number in (0, 1)")
         if self.search_size is not None and not (isinstance(self.search_size, str) and self.search_size):
             _fail("search_size", self.search_size, "must be null or one of the sweep's sizes")
+        if self.horizon_exponent is not None and not is_finite(self.horizon_exponent):
+            _fail("horizon_exponent", self.horizon_exponent,
+                  "must be null or a finite number (a carried lr times (tokens there / here)^-exponent)")
+        ratio = self.max_horizon_ratio
+        if ratio is not None and not (is_finite(ratio) and ratio >= 1):
+            _fail("max_horizon_ratio", self.max_horizon_ratio, "must be null or a number >= 1 (a ratio of tokens)")
         if self.role not in ROLES:
             _fail("role", self.role, f"must be one of {', '.join(r or repr(r) for r in ROLES)}")
 
