@@ -25,7 +25,7 @@ from .compute import check_measure
 from .figures import layer_diagnostics, loss_curves, sensitivity
 from .scaling import CrossSize, cross_size
 from .scaling_figures import gap_figure, loss_figure
-from .tables import Table, accuracy_table, deltaproduct_table, evaluated, loss_table, variant_rows
+from .tables import Table, accuracy_table, deltaproduct_table, evaluated, json_object, loss_table, variant_rows
 from .tuning import best_runs, tuned_note, tuned_table
 
 SIZE_ORDER = ["small", "medium", "large", "mini", "tiny", "micro"]
@@ -105,7 +105,8 @@ def _view(runs: pd.DataFrame, searches: pd.DataFrame, tables: list[Table], sizes
     if not any(t.name == "tuned" for t in tables):
         return cross_size(runs, tables[0], sizes, unit)
     best = best_runs(runs, searches)
-    best = best.assign(row=variant_rows(best))
+    searched = {f"params.{key}" for values in searches.get("tags.ddl.best_values", []) for key in json_object(values)}
+    best = best.assign(row=variant_rows(best.drop(columns=[c for c in searched if c in best])))  # replicates: one row
     return cross_size(best, loss_table(best, sizes, unit), sizes, unit, tuned_note(searches))
 
 

@@ -99,11 +99,12 @@ def layer_diagnostics(runs: pd.DataFrame, size: str, out_dir: Path) -> list[str]
 
 def _searched_keys(runs: pd.DataFrame) -> list[str]:
     """The keys a search's trials varied (a size whose rows were carried from another has none), and train.lr
-    where a row's finished runs differ in it (a plain list)."""
+    where a row's finished runs outside any search differ in it (a plain list)."""
     trials = runs[runs.get("tags.ddl.role", pd.Series(index=runs.index, dtype=object)) == "trial"]
     keys = list(dict.fromkeys(k for values in trial_values(trials) for k in values))
+    plain = runs[(runs["status"] == "FINISHED") & runs.get("tags.ddl.search", pd.Series(index=runs.index)).isna()]
     if "params.train.lr" in runs and "train.lr" not in keys and \
-            runs[runs["status"] == "FINISHED"].groupby("params.model.row")["params.train.lr"].nunique().gt(1).any():
+            plain.groupby("params.model.row")["params.train.lr"].nunique().gt(1).any():
         keys.append("train.lr")
     return keys
 

@@ -124,12 +124,12 @@ def tuned_table(runs: pd.DataFrame, searches: pd.DataFrame, sizes: list[str], un
     columns = [Column(f"{size}/val_loss", f"{size.capitalize()} valid loss at its optimum", False) for size in sizes]
     table = Table("tuned", "Each row at its own optimum (tuned)", [], columns, interval="CI at its last look",
                   measure=measure, unit="replicate")
-    labels, by_search = {}, {}
+    placed, by_search = [], {}         # (label, row): a row carried to other sizes keeps its label at each
     for row in rows:
         label = row.name
-        if any(r.name == row.name and r.size == row.size for r in labels.values()):
+        if any(r.name == row.name and r.size == row.size for _, r in placed):
             label = f"{row.name} search={row.search}"
-        labels[label] = row
+        placed.append((label, row))
         by_search.update({search["tags.ddl.search"]: (label, row) for search, _, _ in row.replicates})
         if label not in table.rows:
             table.rows.append(label)
@@ -139,7 +139,7 @@ def tuned_table(runs: pd.DataFrame, searches: pd.DataFrame, sizes: list[str], un
     notes = []
     for size in sizes:
         lines = []
-        for label, row in labels.items():
+        for label, row in placed:
             if row.size != size:
                 continue
             base = by_search.get(_tag(row.parent, "tags.ddl.baseline_search"))
