@@ -209,7 +209,7 @@ def test_one_size_writes_no_view_across_sizes(module_ddl_home, synthetic):
 
 
 @pytest.mark.slow
-def test_the_tuned_scaling_sweep_refuses_its_horizons_and_with_an_exponent_carries_within_90_minutes(ddl_home):
+def test_the_tuned_scaling_sweep_refuses_its_horizons_and_with_an_exponent_carries_in_an_afternoon(ddl_home):
     out = run_cli("ddl-run", "-m", "+sweep=scaling_tuned", "--dry-run")
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     [line] = out.stderr.strip().splitlines()
@@ -223,6 +223,7 @@ def test_the_tuned_scaling_sweep_refuses_its_horizons_and_with_an_exponent_carri
     assert "4 rows searched at micro, 8 carried from there" in text
     for size in ("tiny", "mini"):
         assert all(f"{row}-{size} " in out.stdout for row in ("baseline", "ddl_dv1", "ddl_dv4", "ddl_dv4_ec"))
-    wall = re.search(r"about ([\d.]+) min wall on 2 slots", text)
-    assert wall and float(wall.group(1)) <= 90, out.stdout[-600:]
+    assert "each searched 3 times independently" in text and "at most 228 jobs" in text
+    wall = re.search(r"about ([\d.]+) min wall on 2 slots", text)    # three replicates a row: 3x one search's cost
+    assert wall and float(wall.group(1)) <= 300, out.stdout[-600:]
     assert not ddl_home.exists()
