@@ -14,8 +14,12 @@ import pytest
 from tests.conftest import assert_two_ranks_trained, logged_steps, mlflow_runs, run_cli
 from tests.test_faults import as_a_terminal_job, start, wait_for
 
+# The prepare job a sweep submits when its dataset is missing, sized to the private cluster's one 2-CPU node
+# (its defaults, 32 CPUs and 64 GB, would never be scheduled there).
+PREPARE = ["hydra.launcher.prepare_cpus_per_task=1", "hydra.launcher.prepare_mem_gb=2",
+           "hydra.launcher.prepare_timeout_min=20"]
 SLURM = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
-         "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=20"]
+         "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=20", *PREPARE]
 MICRO = ["model=micro", "train=smoke"]
 
 

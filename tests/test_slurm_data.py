@@ -18,8 +18,6 @@ from tests.conftest import mlflow_runs, run_cli
 from tests.test_prepare import dataset_files, make_corpus
 from tests.test_slurm import MICRO, SLURM
 
-PREPARE = ["hydra.launcher.prepare_cpus_per_task=1", "hydra.launcher.prepare_mem_gb=2",
-           "hydra.launcher.prepare_timeout_min=20"]      # one worker: the slower build gives a kill time to land
 WIDE = {"COLUMNS": "400"}           # a summary's rows on one line each
 
 
@@ -29,7 +27,7 @@ def slurm(system_slurm_decoys, slurm_cluster):
 
 
 def _sweep(corpus: str, experiment: str) -> list[str]:
-    return ["ddl-run", "-m", "residual=ddl,baseline", *MICRO, *SLURM, *PREPARE, "data=files", f"data.files={corpus}",
+    return ["ddl-run", "-m", "residual=ddl,baseline", *MICRO, *SLURM, "data=files", f"data.files={corpus}",
             "data.bpe_vocab=512", f"experiment={experiment}"]
 
 

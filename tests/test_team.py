@@ -16,10 +16,9 @@ import time
 import pytest
 
 from tests.conftest import VENV_BIN, run_cli
+from tests.test_slurm import SLURM
 
 MICRO = ["model=micro", "train=smoke", "train.steps=30"]
-SLURM = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
-         "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=20"]
 
 
 def home_env(server, home, **extra) -> dict:

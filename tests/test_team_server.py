@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MLFLOW_TEAM, _running, private_team_server, run_cli
+from tests.test_slurm import SLURM
 
 # Every test on a server is marked slow: the first to run starts it (10-20 s on 2 cores).
 SMOKE = ["model=micro", "train=smoke", "train.steps=20"]
-SLURM = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
-         "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=20"]
 
 
 def query(server, sql: str, *params) -> list[tuple]:
