@@ -153,11 +153,19 @@ def test_a_job_the_cluster_lost_ends_the_sweep_and_a_rerun_resumes_it(slurm, ddl
     assert 15 <= int(checkpoint.stem.removeprefix("step_")) < 60
 
 
+def _prepared() -> None:
+    """The embedded dataset prepared in DDL_HOME first, so that the sweep's first sbatch is a training job's
+    (no prepare job before it: tests/test_slurm_data.py has those)."""
+    out = run_cli("ddl-data", "prepare")
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_ctrl_c_while_a_job_is_submitted_stops_the_sweep(slurm, ddl_home, tmp_path):
     """SIGINT at the moment of submission (an sbatch on PATH that sends it to the sweep, then runs the real
     one): the sweep takes it once the job is queued, submits nothing more and exits 130, leaving the queued
     job to the cluster. A sweep that ignored SIGINT while it submitted lost it and trained both jobs."""
+    _prepared()
     wrapper = tmp_path / "bin" / "sbatch"
     wrapper.parent.mkdir()
     wrapper.write_text(f"#!/bin/sh\nkill -INT $PPID\nexec {shutil.which('sbatch')} \"$@\"\n")
@@ -179,6 +187,7 @@ def test_ctrl_c_does_not_call_a_job_the_cluster_lost_left_running(slurm, ddl_hom
     """A job cancelled as soon as it is queued, then Ctrl-C before the sweep gives it up by itself: its
     summary row says lost, not `left running on the cluster`."""
     monkeypatch.setenv("DDL_LOST_AFTER_S", "600")
+    _prepared()
     sweep = start("ddl-run", "-m", *MICRO, *SLURM, "experiment=stopped", preexec_fn=as_a_terminal_job)
     wait_for(lambda: _job_ids(ddl_home) or sweep.poll() is not None, timeout=120)
     [job_id] = _job_ids(ddl_home)
