@@ -38,11 +38,13 @@ def rng_state(device: torch.device) -> dict:
 
 
 def restore_rng(state: dict, device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
+    """The generators' states back; each a CPU tensor again (a checkpoint loaded onto the training device
+    maps them there, and torch's setters take only CPU bytes)."""
+    torch.set_rng_state(state["torch"].cpu())
     random.setstate((3, tuple(state["python"]), None))
-    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
+    np.random.set_state(("MT19937", state["numpy"].cpu().numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
     if device.type == "cuda" and isinstance(state.get("cuda"), torch.Tensor):
-        torch.cuda.set_rng_state(state["cuda"], device)
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 
 
 def digest(state, h=None) -> str:
