@@ -111,10 +111,19 @@ def write_plain(X_mid, h, beta, v, A, k_eps):
     return X_out, w, state_read(X_out, A)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("dv, taps", [(1, 4), (2, 4), (4, 4), (8, 4), (4, 1), (3, 3)])
-@pytest.mark.parametrize("repeated", [False, True], ids=["state", "repeated_embedding"])
-def test_write_matches_the_plain_update_and_read(dv, taps, repeated, dtype):
+# DeltaWrite's 24 cases (a stored state or the repeated embedding, (d_v, taps), dtype; 2-12 s each under the
+# interpreter): make test-fast keeps these four, one of each d_v shape, taps count and dtype.
+WRITE_FAST = {(False, 4, 4, torch.bfloat16), (True, 1, 4, torch.bfloat16), (False, 4, 1, torch.float32),
+              (False, 3, 3, torch.float32)}
+WRITE_CASES = [pytest.param(repeated, dv, taps, dtype,
+                            id=f"{'repeated_embedding' if repeated else 'state'}-{dv}-{taps}-{dtype}",
+                            marks=() if (repeated, dv, taps, dtype) in WRITE_FAST else pytest.mark.slow)
+               for repeated in (False, True) for dv, taps in [(1, 4), (2, 4), (4, 4), (8, 4), (4, 1), (3, 3)]
+               for dtype in DTYPES]
+
+
+@pytest.mark.parametrize("repeated, dv, taps, dtype", WRITE_CASES)
+def test_write_matches_the_plain_update_and_read(repeated, dv, taps, dtype):
     """DeltaWrite: the mid state X + w_a k~_a^T rebuilt from its factors, updated and read with the next taps, forward
     and backward (the taps' gradient too), with and without dL/dX_out (the last block stores no state)."""
     X, h_a, w_a, h, beta, v, A = tensors(16, dtype, (B, T, dv, D), (B, T, D), (B, T, dv), (B, T, D), (B, T, 1),
