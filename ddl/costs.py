@@ -18,10 +18,10 @@ from pathlib import Path
 BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 # What `make gpu-check` measured (docs/performance.md): the baseline's MFU at the paper's small size compiled per
 # block, a device copy's rate (bytes read + written), and a step's peak memory over the activations it saves.
-RECORDED_GPU = dict(card="H100", date="2026-11-26", baseline_mfu=0.298, copy_bytes_per_s=2.9e12,
+RECORDED_GPU = dict(card="H100", date="2026-11-26", baseline_mfu=0.283, copy_bytes_per_s=2.842e12,
                     peak_over_saved=1.31,
-                    step_ratios={"ddl dv=1 conv=none mapping=k n_h=1 beta=linear": 1.458,
-                                 "ddl dv=4 conv=none mapping=k n_h=1 beta=linear": 1.926})
+                    step_ratios={"ddl dv=1 conv=none mapping=k n_h=1 beta=linear": 1.208,
+                                 "ddl dv=4 conv=none mapping=k n_h=1 beta=linear": 1.633})
 # What `make bench` measured on CPU (docs/performance.md, "Where it stands"): each arm's step time over the
 # baseline's, fused kernels, the bench's CPU config (d=256, 4 layers, T=256, batch 8), on a quiet 2-vCPU AMD EPYC VM.
 RECORDED_CPU = dict(machine="2-vCPU AMD EPYC VM", date="2026-11-26",

@@ -195,6 +195,6 @@ def test_a_rows_cost_a_token_is_6n_and_the_delta_updates_own_or_a_recorded_step_
     assert delta_flops_per_token(dv4) == 3 * 2 * 4 * (4 * 128 * 4 + 2 * 4 * 128 * 4) and not delta_flops_per_token(base)
     flops = (6 * n + delta_flops_per_token(dv4)) / (6 * n_base)
     assert cost_ratio(dv4, base, n, n_base, "flops") == pytest.approx(flops)
-    assert cost_ratio(dv4, base, n, n_base, "cpu") == 1.087 and cost_ratio(dv4, base, n, n_base, "h100") == 1.926
+    assert cost_ratio(dv4, base, n, n_base, "cpu") == 1.087 and cost_ratio(dv4, base, n, n_base, "h100") == 1.633
     dv2 = model_config("tiny", vocab_size=256, residual="ddl", dv=2)
     assert cost_ratio(dv2, base, param_count(dv2), n_base, "cpu") is None      # no bench figure: UnknownCost
