@@ -185,6 +185,9 @@ def test_at_equal_compute_the_costlier_row_is_read_where_its_cost_reaches_the_ch
     measured = at_equal_compute(row, base, histories, "cpu", longer=longer)
     assert measured.how.startswith("measured: the baseline trained 109 steps")
     assert measured.difference.mean == pytest.approx((2.0 - 2.15 + 2.1 - 2.3) / 2)
+    same = at_equal_compute(_runs("baseline", 0, 100, {"0": 2.1, "1": 2.2}), base, histories, "cpu")
+    assert same.ratio == 1.0 and same.how == "one cost: as at equal tokens"   # a copy of the row: nothing stopped early
+    assert same.difference.mean == pytest.approx((2.1 - 2.2 + 2.2 - 2.4) / 2)
 
 
 def test_a_rows_cost_a_token_is_6n_and_the_delta_updates_own_or_a_recorded_step_time():
@@ -198,3 +201,38 @@ def test_a_rows_cost_a_token_is_6n_and_the_delta_updates_own_or_a_recorded_step_
     assert cost_ratio(dv4, base, n, n_base, "cpu") == 1.087 and cost_ratio(dv4, base, n, n_base, "h100") == 1.633
     dv2 = model_config("tiny", vocab_size=256, residual="ddl", dv=2)
     assert cost_ratio(dv2, base, param_count(dv2), n_base, "cpu") is None      # no bench figure: UnknownCost
+
+
+def test_copies_of_a_row_are_named_by_replica_in_the_tuned_table_and_compared_at_one_cost():
+    """tuned_aa's table: six copies of the baseline (replica 0-5; 0, the default, is logged as no param), each searched
+    once; copy 2k+1 against copy 2k. Each copy is labelled by its replica, in replica order, and its equal-compute
+    verdict is its equal-tokens one."""
+    import json
+
+    import pandas as pd
+
+    from ddl.report.tuning import tuned_table
+    runs, searches = [], []
+    for replica in range(6):
+        search = f"s{replica}"
+        searches.append({"tags.ddl.search": search, "tags.ddl.best_values": json.dumps({"train.lr": 0.01}),
+                         "tags.ddl.replicate": "0", "tags.ddl.row_search": search,
+                         "tags.ddl.baseline_search": f"s{replica - 1}" if replica % 2 else ""})
+        for seed in ("1", "2", "3"):
+            runs.append({"run_id": f"{search}-{seed}", "tags.ddl.search": search, "tags.ddl.role": "confirm",
+                         "tags.ddl.trial_values": json.dumps({"train.lr": 0.01}), "params.model.row": "baseline",
+                         "params.model.size": "micro", "params.replica": str(replica) if replica else None,
+                         "params.seed": seed,
+                         "params.model.residual": "baseline", "params.model.params": "1000", "params.model.dv": "1",
+                         "params.model.n_layer": "2", "params.model.d_model": "8", "params.train.steps": "40",
+                         "status": "FINISHED",
+                         "metrics.final/val/loss": 3.6 + 0.01 * int(seed) + 0.001 * replica})
+    runs.reverse()                                               # the table's order is the replicas', not the store's
+    table = tuned_table(pd.DataFrame(runs), pd.DataFrame(searches), ["micro"], "nats", pd.DataFrame(
+        columns=["run_id", "key", "step", "value"]), "flops")
+    assert table.rows == ["baseline"] + [f"baseline replica={r}" for r in range(1, 6)]
+    [(_, _, lines)] = table.sections
+    compared = [line for line in lines if line[5] != "(the baseline)"]
+    assert [line[0] for line in compared] == [f"Baseline replica={r}" for r in (1, 3, 5)]
+    for line in compared:                                        # one replicate each: no interval, no verdict
+        assert line[6] == line[4] and line[8].endswith("one cost: as at equal tokens"), line

@@ -110,6 +110,9 @@ def at_equal_compute(row: pd.DataFrame, base: pd.DataFrame, histories: pd.DataFr
     costlier, cheaper, sign = (row, base, 1) if r >= 1 else (base, row, -1)
     cheaper_name = "the baseline" if sign == 1 else "the row"
     factor = r if r >= 1 else 1 / r
+    if factor == 1.0:                                    # one cost (the same arm): equal compute is equal tokens
+        return AtCompute(_diff(_final(costlier), _final(cheaper), sign, confidence, unit), r,
+                         "one cost: as at equal tokens")
     wanted = steps * factor
     if longer is not None and not longer.empty:
         match = longer[(pd.to_numeric(longer[STEPS]) - wanted).abs() <= max(1.0, 0.005 * wanted)]

@@ -10,6 +10,7 @@ searches' parent runs come from ddl.track.query.
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pandas as pd
 
@@ -70,6 +71,8 @@ class _Row:
         self.parent, self.own, self.best = self.replicates[0]
         self.name = self.own["params.model.row"].iloc[0]
         self.size = self.own["params.model.size"].iloc[0]
+        replica = self.own.get("params.replica", pd.Series(dtype=object)).dropna()
+        self.replica = int(replica.iloc[0]) if not replica.empty else None   # a copy of the row (tuned_aa)
         self.confirmed = pd.concat([_confirmed(own, best) for _, own, best in self.replicates])
         self.open = [f"{_tag(p, 'tags.ddl.replicate') or 0}: {_tag(p, 'tags.ddl.unbracketed')}"
                      for p, _, _ in self.replicates if _tag(p, "tags.ddl.unbracketed")]
@@ -120,14 +123,17 @@ def tuned_table(runs: pd.DataFrame, searches: pd.DataFrame, sizes: list[str], un
             (search, own, best))
     rows = [_Row(replicates) for replicates in groups.values()]
     sizes = [s for s in sizes if any(r.size == s for r in rows)]
-    rows.sort(key=lambda r: _place(r.own, sizes))
+    rows.sort(key=lambda r: (*_place(r.own, sizes), r.replica or 0))
+    twins = Counter((r.name, r.size) for r in rows)
     columns = [Column(f"{size}/val_loss", f"{size.capitalize()} valid loss at its optimum", False) for size in sizes]
     table = Table("tuned", "Each row at its own optimum (tuned)", [], columns, interval="CI at its last look",
                   measure=measure, unit="replicate")
     placed, by_search = [], {}         # (label, row): a row carried to other sizes keeps its label at each
     for row in rows:
         label = row.name
-        if any(r.name == row.name and r.size == row.size for _, r in placed):
+        if twins[row.name, row.size] > 1 and row.replica is not None:        # copies of one row (`replica`)
+            label = f"{row.name} replica={row.replica}"
+        elif any(r.name == row.name and r.size == row.size for _, r in placed):  # another search of it
             label = f"{row.name} search={row.search}"
         placed.append((label, row))
         by_search.update({search["tags.ddl.search"]: (label, row) for search, _, _ in row.replicates})
