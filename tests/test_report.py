@@ -236,3 +236,20 @@ def test_copies_of_a_row_are_named_by_replica_in_the_tuned_table_and_compared_at
     assert [line[0] for line in compared] == [f"Baseline replica={r}" for r in (1, 3, 5)]
     for line in compared:                                        # one replicate each: no interval, no verdict
         assert line[6] == line[4] and line[8].endswith("one cost: as at equal tokens"), line
+
+
+def test_a_baseline_trained_longer_at_the_same_warmup_share_is_the_measured_equal_compute():
+    """iso_compute's baseline at 627 steps warms up 33 (5.2% of its run) where the 577-step one warms up 30: the same
+    setting but for its length, so it is where the costlier row is compared, measured. A warmup of another share is
+    another setting."""
+    import pandas as pd
+
+    from ddl.report.tables import longer_runs
+    def run(row, steps, warmup):
+        return {"row": row, "params.train.steps": str(steps), "params.train.warmup_steps": str(warmup),
+                "params.train.lr": "0.002", "params.data.name": "python_source"}
+    runs = pd.DataFrame([run("baseline train.steps=577", 577, 30), run("baseline train.steps=627", 627, 33),
+                         run("baseline train.steps=628 w", 628, 60), run("ddl_dv4", 577, 30)])
+    assert list(longer_runs(runs, "baseline train.steps=577")["row"]) == ["baseline train.steps=627"]
+    fixed = runs.assign(**{"params.train.warmup_steps": "30"})                      # a fixed warmup: the same steps
+    assert len(longer_runs(fixed, "baseline train.steps=577")) == 2

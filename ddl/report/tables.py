@@ -267,18 +267,28 @@ def _compare(table: Table, runs: pd.DataFrame, keys: list[str], histories: pd.Da
                                                 table.measure, longer=longer_runs(runs, base))
 
 
+STEPS, WARMUP = "params.train.steps", "params.train.warmup_steps"
+
+
 def longer_runs(runs: pd.DataFrame, base: str) -> pd.DataFrame:
     """Runs of the baseline row `base` but for their steps (its other rows, e.g. `baseline train.steps=628`): where it
-    was trained for a costlier row's compute."""
+    was trained for a costlier row's compute. Their warmup is the same steps, or the same share of the run
+    (`train.warmup_frac`, `train.tokens_per_param`: each run's own rounding)."""
     shared = [c for c in runs.columns if (c.startswith(("params.data.", "params.train.")) or c in BACKBONE)
-              and c != "params.train.steps"]
+              and c not in (STEPS, WARMUP)]
     own = runs[runs["row"] == base]
     if own.empty:
         return own
     setting = tuple(None if pd.isna(v) else str(v) for v in own[shared].iloc[0])
     baselines = runs[(runs["row"].str.partition(" ")[0] == BASELINE) & (runs["row"] != base)]
+    if not len(baselines):
+        return baselines
     same = baselines[shared].apply(lambda r: tuple(None if pd.isna(v) else str(v) for v in r) == setting, axis=1)
-    return baselines[same] if len(baselines) else baselines
+    if WARMUP in runs:
+        steps, warmup = (pd.to_numeric(own[c].iloc[0]) for c in (STEPS, WARMUP))
+        their_steps, their_warmup = (pd.to_numeric(baselines[c]) for c in (STEPS, WARMUP))
+        same &= (their_warmup == warmup) | ((their_warmup - warmup / steps * their_steps).abs() <= 1)
+    return baselines[same]
 
 
 def _on_paper_data(runs: pd.DataFrame) -> bool:
