@@ -51,7 +51,8 @@ def carried(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DDL_HOME", str(home))
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-        return run_cli("ddl-run", "-m", *CARRIED), run_cli("ddl-run", "-m", *CARRIED), home
+        # ~30 jobs, each mostly its process's start-up: 8 minutes on a quiet 2-core machine, over 10 beside a hog
+        return run_cli("ddl-run", "-m", *CARRIED, timeout=2400), run_cli("ddl-run", "-m", *CARRIED, timeout=600), home
 
 
 @pytest.mark.slow
