@@ -12,6 +12,7 @@ import pandas as pd
 
 from ..eval.suites import PAPER_TASKS
 from ..stats import BETTER, CONFIDENCE, Difference, paired
+from .compute import STEPS
 
 PAPER_ROWS = {"baseline": "Baseline", "ddl_dv1": "DDL (d_v=1)", "ddl_dv4": "DDL (d_v=4)",
               "ddl_dv4_cc": "DDL-CC", "ddl_dv4_ec": "DDL-EC", "ddl_dv4_cc_ec": "DDL-CC-EC"}
@@ -267,7 +268,7 @@ def _compare(table: Table, runs: pd.DataFrame, keys: list[str], histories: pd.Da
                                                 table.measure, longer=longer_runs(runs, base))
 
 
-STEPS, WARMUP = "params.train.steps", "params.train.warmup_steps"
+WARMUP = "params.train.warmup_steps"
 
 
 def longer_runs(runs: pd.DataFrame, base: str) -> pd.DataFrame:
