@@ -41,7 +41,8 @@ Knob semantics (paper sections 3-4, appendix B; the reference implementation whe
   Dey et al. 2025, alpha = 1): each residual branch's output (the baseline) or each Delta write's value v
   (DDL; beta is never scaled) times depth_base / n_layer, the output projections' init at depth_base's,
   and Adam's eps of the blocks' parameters times depth_base / n_layer. At n_layer = depth_base it is the
-  'none' model bit for bit. depth_base: that depth (default 4, the CPU study's tiny).
+  'none' model bit for bit. depth_base: that depth (default 4, the CPU study's tiny). 'none' is the default:
+  across 2-8 layers completep cut the baseline's best-lr drift but tripled DDL's (docs/results.md).
 - state_dtype: what the state X is stored in between the Delta ops, which compute in fp32 whatever it
   is: 'auto' (bf16 on CUDA, where the state's memory traffic is the Delta residual's cost; the
   embedding's dtype elsewhere: fp32, where parity with the reference code lives), 'fp32' or 'bf16'.
