@@ -216,7 +216,8 @@ def test_copies_of_a_row_are_named_by_replica_in_the_tuned_table_and_compared_at
     for replica in range(6):
         search = f"s{replica}"
         searches.append({"tags.ddl.search": search, "tags.ddl.best_values": json.dumps({"train.lr": 0.01}),
-                         "tags.ddl.replicate": "0", "tags.ddl.row_search": search,
+                         "tags.ddl.replicate": "0" if replica != 4 else "zero",   # edited in the UI: no traceback
+                         "tags.ddl.row_search": search,
                          "tags.ddl.baseline_search": f"s{replica - 1}" if replica % 2 else ""})
         for seed in ("1", "2", "3"):
             runs.append({"run_id": f"{search}-{seed}", "tags.ddl.search": search, "tags.ddl.role": "confirm",

@@ -67,7 +67,7 @@ class _Row:
     """A row's replicates at a size: each replicate's parent run, runs, best values and confirmation runs."""
 
     def __init__(self, replicates: list[tuple[pd.Series, pd.DataFrame, dict]]):
-        self.replicates = sorted(replicates, key=lambda f: int(_tag(f[0], "tags.ddl.replicate") or 0))
+        self.replicates = sorted(replicates, key=lambda f: _replicate_number(f[0]))
         self.parent, self.own, self.best = self.replicates[0]
         self.name = self.own["params.model.row"].iloc[0]
         self.size = self.own["params.model.size"].iloc[0]
@@ -210,6 +210,12 @@ def _tag(search: pd.Series, tag: str) -> str:
     """A parent run's tag, "" where it has none (MLflow's frame: NaN where another parent has it)."""
     value = search.get(tag)
     return value if isinstance(value, str) else ""
+
+
+def _replicate_number(search: pd.Series) -> int:
+    """A parent run's replicate, for order only (seeds pair replicates); a tag edited into a non-number: 0."""
+    text = _tag(search, "tags.ddl.replicate")
+    return int(text) if text.isdigit() else 0
 
 
 def _values_text(values: dict) -> str:
