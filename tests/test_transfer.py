@@ -55,6 +55,17 @@ def test_a_best_at_the_grid_edge_is_marked_and_kept_as_the_vertex():
     assert transfer.summaries(alone) == ["DDL (d_v=4) mup: only width 64 measured (best lr 0.008)"]
 
 
+def test_the_base_width_multipliers_make_lines_of_their_own():
+    plain = runs({64: 8e-3, 256: 8e-3}, "params.model.d_model")              # logged before the multipliers existed
+    logged = runs({64: 8e-3, 256: 8e-3}, "params.model.d_model").assign(**{"params.model.logit_mult": "1",
+                                                                           "params.model.embed_lr_mult": "1.0"})
+    scaled = runs({64: 8e-3, 256: 2e-3}, "params.model.d_model").assign(**{"params.model.logit_mult": "4.0",
+                                                                           "params.model.embed_lr_mult": "0.25"})
+    table = transfer.transfer_table(pd.concat([plain, logged, scaled]), "width")
+    assert list(table["line"]) == ["DDL (d_v=4) mup"] * 2 + ["DDL (d_v=4) mup logits x4 embedding lr x0.25"] * 2
+    assert list(table["seeds"]) == [4, 4, 2, 2] and list(table["steps"]) == [0, 0, 0, -2]
+
+
 def test_the_report_writes_the_table_and_the_figure(tmp_path):
     table, figures = transfer.write(runs({64: 8e-3, 256: 4e-3}, "params.train.steps"), "nats", tmp_path)
     assert len(table) == 2 and "lr_transfer.png" in figures

@@ -20,8 +20,13 @@ from .tables import row_label
 LR, LOSS = "params.train.lr", "metrics.final/val/loss"
 # axis -> its column; width and depth name a size (one of them varies, the other not), the horizon its steps
 AXES = {"width": "params.model.d_model", "depth": "params.model.n_layer", "horizon": "params.train.steps"}
-# what tells a line's runs apart beyond the axis, the lr and the seed; with the value a run logged before it existed
-SETTINGS = {"params.model.row": "", "params.model.param": "sp", "params.model.depth_param": "none"}
+# what tells a line's runs apart beyond the axis, the lr and the seed: column -> (name, the value a run logged
+# before the key existed); µP's two base-width multipliers (sweeps/mup_multipliers.yaml scans them) included
+SETTINGS = {"params.model.row": ("row", ""), "params.model.param": ("param", "sp"),
+            "params.model.depth_param": ("depth_param", "none"), "params.model.logit_mult": ("logit_mult", "1.0"),
+            "params.model.embed_lr_mult": ("embed_lr_mult", "1.0")}
+LINE = [name for name, _ in SETTINGS.values()]
+PANELS_A_ROW = 4
 
 
 def transfer_axis(runs: pd.DataFrame) -> str | None:
@@ -41,15 +46,18 @@ def transfer_axis(runs: pd.DataFrame) -> str | None:
 def _curves(runs: pd.DataFrame, axis: str) -> pd.DataFrame:
     """One line per setting, axis value and lr: the mean final loss over its seeds and their number."""
     done = runs[runs["status"] == "FINISHED"]
-    done = done.assign(**{col: done.get(col, pd.Series(index=done.index, dtype=object)).fillna(earlier)
-                          for col, earlier in SETTINGS.items()},
+    done = done.assign(**{name: done.get(col, pd.Series(index=done.index, dtype=object)).fillna(earlier)
+                          for col, (name, earlier) in SETTINGS.items()},
                        value=pd.to_numeric(done[AXES[axis]]), lr=pd.to_numeric(done[LR]))
-    return (done.groupby([*SETTINGS, "value", "lr"])[LOSS].agg(["mean", "count"]).reset_index()
-            .rename(columns=dict(zip(SETTINGS, ("row", "param", "depth_param"), strict=True))))
+    for name in ("logit_mult", "embed_lr_mult"):        # "1" and "1.0" are one setting
+        done[name] = pd.to_numeric(done[name])
+    return done.groupby([*LINE, "value", "lr"])[LOSS].agg(["mean", "count"]).reset_index()
 
 
-def _line(row: str, param: str, depth_param: str) -> str:
-    return " ".join(filter(None, (row_label(row), param, depth_param != "none" and depth_param)))
+def _line(row: str, param: str, depth_param: str, logit_mult: float, embed_lr_mult: float) -> str:
+    return " ".join(filter(None, (row_label(row), param, depth_param != "none" and depth_param,
+                                  logit_mult != 1 and f"logits x{logit_mult:g}",
+                                  embed_lr_mult != 1 and f"embedding lr x{embed_lr_mult:g}")))
 
 
 def vertex(lrs: list[float], losses: list[float]) -> float:
@@ -61,12 +69,12 @@ def vertex(lrs: list[float], losses: list[float]) -> float:
 
 
 def transfer_table(runs: pd.DataFrame, axis: str) -> pd.DataFrame:
-    """Per line (row, param, depth_param) and axis value: the best lr, its loss and seeds, the seeds of its two
-    grid neighbours, its distance in factor-2 steps from the first value's best, whether it is the lowest
-    or highest lr tried there (the optimum may lie beyond), and the vertex of the parabola through it and its
-    neighbours, two each side where there are (the best lr itself at an edge)."""
+    """Per line (row, param, depth_param, the multipliers) and axis value: the best lr, its loss and seeds, the
+    seeds of its two grid neighbours, its distance in factor-2 steps from the first value's best, whether it is
+    the lowest or highest lr tried there (the optimum may lie beyond), and the vertex of the parabola through it
+    and its neighbours, two each side where there are (the best lr itself at an edge)."""
     records = []
-    for (row, param, depth_param), line in _curves(runs, axis).groupby(["row", "param", "depth_param"]):
+    for setting, line in _curves(runs, axis).groupby(LINE):
         first = None
         for value, at in line.groupby("value"):
             at = at.sort_values("lr").reset_index(drop=True)
@@ -76,9 +84,9 @@ def transfer_table(runs: pd.DataFrame, axis: str) -> pd.DataFrame:
             neighbours = [int(at.loc[j, "count"]) for j in (i - 1, i + 1) if 0 <= j < len(at)]
             edge = i in (0, len(at) - 1)
             around = at.loc[max(0, i - 2):i + 2]
-            records.append(dict(line=_line(row, param, depth_param), row=row, param=param, depth_param=depth_param,
-                                axis=axis, value=int(value), best_lr=best["lr"], loss=best["mean"],
-                                seeds=int(best["count"]), neighbour_seeds=min(neighbours, default=0),
+            records.append(dict(line=_line(*setting), **dict(zip(LINE, setting, strict=True)), axis=axis,
+                                value=int(value), best_lr=best["lr"], loss=best["mean"], seeds=int(best["count"]),
+                                neighbour_seeds=min(neighbours, default=0),
                                 steps=round(math.log2(best["lr"] / first), 2), edge=edge,
                                 vertex=best["lr"] if edge else vertex(list(around["lr"]), list(around["mean"]))))
     return pd.DataFrame(records)
@@ -134,10 +142,14 @@ def figure(runs: pd.DataFrame, axis: str, unit: str, out_dir: Path) -> list[str]
     """Final validation loss against the learning rate, a line per axis value, a panel per line of the table
     (Yang et al.'s transfer figure): where the lr carries, the minima line up."""
     curves = _curves(runs, axis)
-    panels = list(curves.groupby(["row", "param", "depth_param"]))
+    panels = list(curves.groupby(LINE))
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2), squeeze=False, sharey=True)
-    for ax, ((row, param, depth_param), panel) in zip(axes[0], panels, strict=True):
+    ncols = min(len(panels), PANELS_A_ROW)
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5 * ncols, 4.2 * nrows), squeeze=False, sharey=True)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (setting, panel) in zip(axes.flat[:len(panels)], panels, strict=True):
         for i, (value, line) in enumerate(panel.groupby("value")):
             best = line.loc[line["mean"].idxmin(), "lr"]
             ax.plot(line["lr"], line["mean"], marker="o", color=f"C{i}", label=f"{axis} {value:g}: best {best:.3g}")
@@ -146,10 +158,11 @@ def figure(runs: pd.DataFrame, axis: str, unit: str, out_dir: Path) -> list[str]
         ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs], minor=False, rotation=45)
         ax.minorticks_off()
         ax.set_xlabel("learning rate")
-        ax.set_title(_line(row, param, depth_param))
+        ax.set_title(_line(*setting))
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
-    axes[0][0].set_ylabel(f"final validation loss ({unit})")
+    for row_axes in axes:
+        row_axes[0].set_ylabel(f"final validation loss ({unit})")
     fig.tight_layout()
     names = save_figure(fig, "lr_transfer", out_dir)
     plt.close(fig)
