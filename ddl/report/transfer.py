@@ -20,8 +20,9 @@ from .tables import row_label
 LR, LOSS = "params.train.lr", "metrics.final/val/loss"
 # axis -> its column; width and depth name a size (one of them varies, the other not), the horizon its steps
 AXES = {"width": "params.model.d_model", "depth": "params.model.n_layer", "horizon": "params.train.steps"}
-# what tells a line's runs apart beyond the axis, the lr and the seed: column -> (name, the value a run logged
-# before the key existed); µP's two base-width multipliers (sweeps/mup_multipliers.yaml scans them) included
+# what tells a line's runs apart beyond the axis, the lr and the seed: column -> (name, the value of a run that
+# logged no such param: one from before the key, or the multipliers at their default); µP's two base-width
+# multipliers (sweeps/mup_multipliers.yaml scans them) included
 SETTINGS = {"params.model.row": ("row", ""), "params.model.param": ("param", "sp"),
             "params.model.depth_param": ("depth_param", "none"), "params.model.logit_mult": ("logit_mult", "1.0"),
             "params.model.embed_lr_mult": ("embed_lr_mult", "1.0")}
