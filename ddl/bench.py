@@ -259,12 +259,27 @@ def start_up_costs(ddl_run: str, env: dict, runs: int) -> dict:
             "store": env.get("MLFLOW_TRACKING_URI") or "DDL_HOME's SQLite"}
 
 
+def warm_start_costs(ddl_run: str, env: dict) -> dict:
+    """A local sweep of 4 micro jobs of 10 steps, 2 at a time, with its jobs forked from a warm server and
+    started cold (hydra.launcher.warm_start), each in a fresh DDL_HOME: (wall, CPU) seconds of each."""
+    out = {}
+    for warm in ("true", "false"):
+        with tempfile.TemporaryDirectory() as home:
+            out[f"sweep_4_jobs_warm_{warm}_s"] = _timed(
+                [ddl_run, "-m", "model=micro", "train=smoke", "train.steps=10", "seed=0,1,2,3",
+                 "hydra.launcher.max_parallel=2", f"hydra.launcher.warm_start={warm}"],
+                {**env, "DDL_HOME": home, "DDL_WARM_SOCKET": ""})
+    return out
+
+
 def orchestrator_costs(runs: int) -> dict:
-    """Start-up (`start_up_costs`) and launching the smoke sweep to its first training step."""
+    """Start-up (`start_up_costs`), a sweep's jobs warm and cold (`warm_start_costs`) and launching the smoke
+    sweep to its first training step."""
     ddl_run = str(Path(sys.executable).parent / "ddl-run")
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "DDL_HOME": home}
         out = start_up_costs(ddl_run, env, runs)
+        out.update(warm_start_costs(ddl_run, env))
         start = time.perf_counter()
         process = subprocess.Popen([ddl_run, "-m", "+sweep=smoke", "train.log_every=1", "train.steps=200"], env=env,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -393,10 +408,22 @@ def orchestrator_table(o: dict) -> list[str]:
             start_up_row("dry run of paper_small, hydra/launcher=slurm", o["dry_run_runs_s"], DRY_RUN_GOAL_S),
             start_up_row("plan of 1,000 jobs (dry run: 4 rows x 250 seeds, micro)", o["plan_1000_runs_s"], PLAN_GOAL_S),
             f"| smoke sweep to its first training step | {o.get('smoke_sweep_to_first_step_s', float('nan')):.2f} | |",
+            *_warm_start_rows(o),
             "", f"Start-up: the median of {len(o['help_runs_s'])} runs each (min-max), the dry runs asking "
                 f"{o['store']}; the plan's CPU time (user + sys) {statistics.median(o['plan_1000_cpu_runs_s']):.2f} s; "
                 f"1-minute load average {o['load_average'][0]:.2f} before, {o['load_average'][1]:.2f} after (the "
                 "targets are for a quiet machine)."]
+
+
+def _warm_start_rows(o: dict) -> list[str]:
+    """The warm-start sweep's wall and CPU, warm and cold, and their ratios (absent from older results)."""
+    if "sweep_4_jobs_warm_true_s" not in o:
+        return []
+    (wall, cpu), (cold_wall, cold_cpu) = o["sweep_4_jobs_warm_true_s"], o["sweep_4_jobs_warm_false_s"]
+    return [f"| local sweep of 4 micro jobs, 10 steps, 2 at a time: wall, warm / cold | {wall:.2f} / {cold_wall:.2f} "
+            f"= {wall / cold_wall:.2f}x | |",
+            f"| the same sweep's CPU (user + sys, its jobs' included), warm / cold | {cpu:.2f} / {cold_cpu:.2f} "
+            f"= {cpu / cold_cpu:.2f}x | |"]
 
 
 def markdown(result: dict) -> str:

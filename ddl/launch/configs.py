@@ -70,7 +70,8 @@ def register() -> None:
 
 def launcher_schemas() -> dict[str, type]:
     """hydra-submitit-launcher's queue configs with ddl's launcher as target and the fields ddl adds:
-    max_parallel (how many jobs run at once; null: CPUs // cpus_per_task locally, all on SLURM) and,
+    max_parallel (how many jobs run at once; null: CPUs // cpus_per_task locally, all on SLURM), locally
+    warm_start (jobs forked from a process that imported torch and MLflow once: ddl.launch.warm) and,
     on SLURM, srun_args (submitit's, for srun), gpu_memory_gib (each GPU's memory, against which the plan
     checks a job's estimate) and the prepare job's own settings (ddl.launch.data_jobs: its partition, null
     for the jobs'; CPUs; memory; time). conf/hydra/launcher/{local,slurm}.yaml extend these and set only
@@ -84,7 +85,7 @@ def launcher_schemas() -> dict[str, type]:
         fields = [("_target_", str, field(default=f"hydra_plugins.ddl_launcher.{launcher}")),
                   ("max_parallel", Optional[int], field(default=None)), *extra]
         return make_dataclass(f"DDL{base.__name__}", fields, bases=(base,))
-    return {"ddl_local_base": extend(LocalQueueConf, "LocalSweepLauncher"),
+    return {"ddl_local_base": extend(LocalQueueConf, "LocalSweepLauncher", ("warm_start", bool, field(default=True))),
             "ddl_slurm_base": extend(SlurmQueueConf, "SlurmSweepLauncher",
                                      ("srun_args", Optional[List[str]], field(default=None)),
                                      ("gpu_memory_gib", float, field(default=80.0)),

@@ -31,7 +31,7 @@ from .. import paths
 from ..text import plural
 from ..track.filesystems import warn_if_sqlite_on_network
 from ..train.signals import DeferredSignals
-from . import cluster, data_jobs, status
+from . import cluster, data_jobs, status, warm
 from .compose import JobConfigs
 from .configs import ConfigError
 from .plan import Plan, make_plan
@@ -59,9 +59,11 @@ class SweepInterrupted(RuntimeError):
 
 
 class SweepLauncher(BaseSubmititLauncher):
-    def __init__(self, max_parallel: int | None = None, gpu_memory_gib: float | None = None, **params: Any) -> None:
+    def __init__(self, max_parallel: int | None = None, gpu_memory_gib: float | None = None,
+                 warm_start: bool = False, **params: Any) -> None:
         super().__init__(**params)
-        self.max_parallel, self.gpu_memory_gib = max_parallel, gpu_memory_gib
+        self.max_parallel, self.gpu_memory_gib, self.warm_start = max_parallel, gpu_memory_gib, warm_start
+        self.local_python: str | None = None     # submitit's local `python`: a warm server's client (ddl.launch.warm)
 
     # -- planning ---------------------------------------------------------------------------
     def plan(self, job_overrides: Sequence[Sequence[str]]) -> Plan:
@@ -103,6 +105,8 @@ class SweepLauncher(BaseSubmititLauncher):
         folder = params.pop("submitit_folder")
         init = {f"{self._EXECUTOR}_max_num_timeout": params.pop("max_num_timeout")} \
             if "max_num_timeout" in params else {}
+        if self.local_python:
+            init["local_python"] = self.local_python
         executor = submitit.AutoExecutor(folder=folder, cluster=self._EXECUTOR, **init)
         shared = set(OmegaConf.structured(BaseQueueConf).keys())
         executor.update_parameters(**{k if k in shared else f"{self._EXECUTOR}_{k}": v for k, v in params.items()})
@@ -142,7 +146,9 @@ class SweepLauncher(BaseSubmititLauncher):
         shown = [j for j in plan.jobs if j.signature in reusable or j in todo]     # in the live table
         os.environ.setdefault("DDL_CPUS", str(self.params.get("cpus_per_task") or 1))
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-        with DeferredSignals((signal.SIGINT, signal.SIGTERM)) as stop:   # stop the jobs, then print the summary
+        warm_start = warm.local_python(self._EXECUTOR == "local" and self.warm_start, len(todo))
+        with DeferredSignals((signal.SIGINT, signal.SIGTERM)) as stop, warm_start as python:
+            self.local_python = python              # stop the jobs, then print the summary
             outcomes = self.reuse_jobs([(j, reusable[j.signature]) for j in plan.jobs if j.signature in reusable],
                                        stop)
             waits = data_jobs.submit(self, data_jobs.missing(todo)) if self._EXECUTOR == "slurm" and todo else {}

@@ -1,0 +1,345 @@
+"""Warm starts: local jobs forked from a process that imported the heavy libraries once.
+
+A local job is a new Python process (`python -u -m submitit.core._submit FOLDER`) that spends ~5 s of CPU
+importing torch, torch._dynamo (torch's optimizers import it), MLflow and its SQL store before it trains.
+A sweep of short jobs pays that once a job. The warm server imports them once, then forks a child for each
+job, which runs as `python ARGS` would have:
+
+    python -m ddl.launch.warm serve SOCKET           # the server (a local sweep starts it; it ends when
+                                                     # its stdin closes and its children have ended)
+    python -S .../ddl/launch/warm.py SOCKET ARGS...  # the client: what submitit starts in place of `python`
+
+The client is a stdlib-only script (its start-up ~40 ms). It sends the server its argv, environment,
+working directory, umask, blocked and ignored signals and its stdin/stdout/stderr (SCM_RIGHTS); the forked
+child takes them all, so it writes where the job's own process would, sees the job's environment and keeps
+the job's signal mask (a sweep's jobs start with SIGINT blocked). The client forwards the signals it gets
+(submitit's SIGTERM, SIGUSR2 before a timeout) to the child and exits with the child's status; if the
+client is killed, the server kills the child. Without a server (none started, or it has ended) the client
+execs `python ARGS`, the cold start. Linux only: forking a process that imported torch is not safe on macOS.
+
+Only third-party libraries that read no environment of the job's at import are preloaded: ddl's own
+modules, lm-eval, datasets and matplotlib are imported by the child, after it has taken the job's
+environment. Since the child is a fork, numpy's global random state is re-seeded in it (Python's own
+`random` re-seeds itself after a fork).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+SOCKET_ENV = "DDL_WARM_SOCKET"       # a server already running (the test suite's): local sweeps fork from it
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+PRELOAD = ("torch", "torch._dynamo", "mlflow", "mlflow.store.tracking.sqlalchemy_store", "hydra", "omegaconf",
+           "submitit", "hydra_plugins.hydra_submitit_launcher.submitit_launcher")
+STDIO = 3
+MESSAGE = 1 << 20                    # the largest request (argv and environment), bytes
+
+
+def supported() -> bool:
+    return sys.platform == "linux"
+
+
+def client_command(path: str) -> str:
+    """What submitit's local executor runs in place of its python (`python` parameter): the client."""
+    import shlex
+    return " ".join(shlex.quote(part) for part in (sys.executable, "-S", os.path.abspath(__file__), path))
+
+
+@contextlib.contextmanager
+def local_python(enabled: bool, jobs: int):
+    """The `python` of submitit's local executor for a sweep of `jobs` jobs: the client of the server in
+    DDL_WARM_SOCKET, or of one started here until the `with` ends (its jobs keep it until they end); None (the
+    cold start) when not `enabled`, off Linux, for a single job of its own (nothing to share), or when the
+    server is not listening within 10 s."""
+    if not (enabled and supported()):
+        yield None
+        return
+    if os.environ.get(SOCKET_ENV):
+        yield client_command(os.environ[SOCKET_ENV])
+        return
+    if jobs < 2:
+        yield None
+        return
+    import subprocess
+    import tempfile
+    path = os.path.join(tempfile.mkdtemp(prefix="ddl-warm-"), "socket")
+    server = subprocess.Popen([sys.executable, "-m", "ddl.launch.warm", "serve", path], stdin=subprocess.PIPE,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while not os.path.exists(path) and server.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield client_command(path) if os.path.exists(path) else None
+    finally:
+        server.stdin.close()              # the server stops listening, and ends with its last job
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(timeout=30)       # the sweep's jobs have ended: its CPU then counts in the sweep's
+
+
+# -- the client ---------------------------------------------------------------------------------------------
+def _python_args(args: list[str]) -> dict | None:
+    """{'unbuffered', 'module' or 'script', 'argv'} for `python [-u] (-m MODULE | SCRIPT) ARGS`; None for any
+    other form (the client then starts cold)."""
+    unbuffered = False
+    while args and args[0] == "-u":
+        unbuffered, args = True, args[1:]
+    if len(args) >= 2 and args[0] == "-m":
+        return dict(unbuffered=unbuffered, module=args[1], argv=args[2:])
+    if args and not args[0].startswith("-"):
+        return dict(unbuffered=unbuffered, script=args[0], argv=args[1:])
+    return None
+
+
+def _cold(args: list[str]) -> None:
+    os.execv(sys.executable, [sys.executable, *args])
+
+
+def _receive(conn: socket.socket) -> dict | None:
+    data = conn.recv(MESSAGE)
+    return json.loads(data) if data else None
+
+
+def client(path: str, args: list[str]) -> None:
+    """Run `python ARGS` as a child of the server at `path`; exit as that child did."""
+    request = _python_args(args)
+    if request is None:
+        _cold(args)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)   # held until they can be forwarded
+    request.update(env=dict(os.environ), cwd=os.getcwd(), umask=os.umask(0o022),
+                   blocked=sorted(int(s) for s in mask),
+                   ignored=[int(s) for s in FORWARDED if signal.getsignal(s) == signal.SIG_IGN])
+    os.umask(request["umask"])
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        conn.connect(path)
+        socket.send_fds(conn, [json.dumps(request).encode()], list(range(STDIO)))
+        started = _receive(conn)
+    except OSError:
+        started = None
+    if not started:                       # no server, or it ended before starting the child: the cold start
+        conn.close()
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        _cold(args)
+    child = started["pid"]
+    for sig in FORWARDED:
+        if sig not in request["ignored"]:
+            signal.signal(sig, lambda signum, frame: _forward(child, signum))
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    try:
+        ended = _receive(conn)
+    except OSError:
+        ended = None
+    if ended is None:                     # the server died: the child's status is lost with it
+        while _alive(child):
+            time.sleep(0.2)
+        os._exit(1)
+    status = ended["status"]
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        os.kill(os.getpid(), sig)
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+
+
+def _forward(child: int, signum: int) -> None:
+    try:
+        os.kill(child, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# -- the server ---------------------------------------------------------------------------------------------
+def serve(path: str) -> dict | None:
+    """Listen at `path`, preload, fork a child per request; in a child, return its request (the caller runs
+    it). Returns None in the server once its stdin has closed (or SIGTERM came) and its children have ended."""
+    import selectors
+    signal.signal(signal.SIGINT, signal.SIG_IGN)        # a terminal's Ctrl-C is the sweep's to handle
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(64)                                 # clients queue while the imports run
+    for module in PRELOAD:
+        __import__(module)
+    gc.freeze()         # a child's collections skip the preloaded heap, which then stays shared (no copy on write)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    stopping = []
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "accept")
+    selector.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
+    selector.register(wake_r, selectors.EVENT_READ, "wake")
+    children: dict[int, socket.socket] = {}             # pid -> its client's connection
+    by_conn: dict[socket.socket, int] = {}
+
+    def stop_listening() -> None:
+        if listener.fileno() >= 0:
+            selector.unregister(listener)
+            listener.close()
+            os.unlink(path)
+            with contextlib.suppress(OSError):          # the folder local_python made for it
+                os.rmdir(os.path.dirname(path))
+
+    while True:
+        for key, _ in selector.select(timeout=1.0):
+            if key.data == "accept":
+                conn, _ = listener.accept()
+                request = _take_request(conn)
+                if request is None:
+                    conn.close()
+                    continue
+                try:
+                    pid = os.fork()
+                except OSError:                         # the client starts cold
+                    pid = None
+                if pid is None:
+                    for fd in request["fds"]:
+                        os.close(fd)
+                    conn.close()
+                    continue
+                if pid == 0:
+                    selector.close()
+                    listener.close()
+                    for other in [*by_conn, conn]:
+                        other.close()
+                    signal.set_wakeup_fd(-1)
+                    os.close(wake_r), os.close(wake_w)
+                    return request
+                for fd in request["fds"]:
+                    os.close(fd)
+                children[pid], by_conn[conn] = conn, pid
+                conn.send(json.dumps({"pid": pid}).encode())
+                selector.register(conn, selectors.EVENT_READ, "client")
+            elif key.data == "client":                  # a client that ended (or was killed) before its child
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(by_conn[key.fileobj], signal.SIGKILL)
+            elif key.data == "stdin":
+                if not os.read(sys.stdin.fileno(), 4096):
+                    selector.unregister(sys.stdin.fileno())
+                    stopping.append(True)
+            else:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 4096)
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            conn = children.pop(pid, None)
+            if conn is not None:
+                del by_conn[conn]
+                selector.unregister(conn)
+                with contextlib.suppress(OSError):
+                    conn.send(json.dumps({"status": status}).encode())
+                conn.close()
+        if stopping:
+            stop_listening()
+            if not children:
+                return None
+
+
+def _take_request(conn: socket.socket) -> dict | None:
+    try:
+        data, fds, _, _ = socket.recv_fds(conn, MESSAGE, STDIO)
+    except OSError:
+        return None
+    if not data or len(fds) != STDIO:
+        for fd in fds:
+            os.close(fd)
+        return None
+    return {**json.loads(data), "fds": fds}
+
+
+def become(request: dict) -> None:
+    """In the forked child: take the client's stdio, environment, directory, umask and signals, run its module
+    or script as `python` would, as __main__, and exit as a fork's child does (multiprocessing's way): Python's
+    exit steps (threads joined, atexit, stdio flushed), then os._exit. The interpreter's teardown of the
+    preloaded heap, ~2 s that frees nothing a process's end would not, is skipped."""
+    import runpy
+    import threading
+    for target, fd in enumerate(request["fds"]):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    os.umask(request["umask"])
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for sig in FORWARDED:
+        handler = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+        signal.signal(sig, signal.SIG_IGN if sig in request["ignored"] else handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, request["blocked"])
+    unbuffered = request["unbuffered"] or bool(os.environ.get("PYTHONUNBUFFERED"))
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=stream.isatty(), write_through=unbuffered or stream is sys.stderr)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    code, interrupted = 0, False
+    try:
+        if "module" in request:
+            sys.argv, sys.path[0] = [request["module"], *request["argv"]], os.getcwd()
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [request["script"], *request["argv"]]
+            sys.path[0] = os.path.dirname(os.path.abspath(request["script"]))
+            runpy.run_path(request["script"], run_name="__main__")
+    except SystemExit as done:
+        code = _exit_code(done.code)
+    except BaseException as err:            # as the interpreter reports an uncaught exception, from the job's frame
+        trace = err.__traceback__
+        while trace.tb_next and trace.tb_frame.f_code.co_filename in (__file__, runpy.__file__, "<frozen runpy>"):
+            trace = trace.tb_next
+        sys.excepthook(type(err), err, err.with_traceback(trace).__traceback__)
+        code, interrupted = 1, isinstance(err, KeyboardInterrupt)
+    finally:
+        threading._shutdown()
+        import atexit
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+    if interrupted:                         # killed by SIGINT, as Python reports an uncaught Ctrl-C
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+
+
+def _exit_code(code) -> int:
+    """sys.exit's argument as the process's status: None 0, an int itself, anything else printed and 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["serve"] and len(argv) == 2:
+        request = serve(argv[1])
+        if request is not None:
+            become(request)
+        os._exit(0)                       # its last child has ended; skip the teardown of the preloaded heap
+    if len(argv) < 2:
+        sys.exit("usage: python -m ddl.launch.warm serve SOCKET | python warm.py SOCKET PYTHON-ARGS...")
+    client(argv[0], argv[1:])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
