@@ -48,7 +48,8 @@ ui: install
 	$(BIN)/ddl-ui
 
 # The cost of the Delta residual against the baseline (same-process ratios) and of the orchestrator;
-# `python -m ddl.bench --orchestrator`: the orchestrator's figures alone (start-up, the 1,000-job plan), in a minute.
+# `python -m ddl.bench --orchestrator`: the orchestrator's figures alone (start-up, the 1,000-job plan, a sweep's
+# jobs warm and cold), in about a minute; `--model`: the model arms alone.
 # Then `python -m ddl.data.bench`: ddl-data prepare's tokens/s on 1 and 2 workers, the loader's ms per batch.
 bench: install
 	$(BIN)/python -m ddl.bench

@@ -437,8 +437,9 @@ def markdown(result: dict) -> str:
             compiled = ", compiled per block" if "compiled" in key else ""
             lines += ["", f"## {key}: the paper's small size, bf16{compiled}", ""] + model_table(result[key])
     log = result["logging"]
-    lines += ["", *orchestrator_table(result["orchestrator"]),
-              "", f"MLflow logging, {log['metrics_per_call']} metrics every step: the loop waits "
+    if "orchestrator" in result:
+        lines += ["", *orchestrator_table(result["orchestrator"])]
+    lines += ["", f"MLflow logging, {log['metrics_per_call']} metrics every step: the loop waits "
                   f"{log['loop_wait_ms']:.3f} ms "
                   f"a step = {100 * log['fraction_of_step']:.2f}% of a baseline step at the config above (target < 1%: "
                   f"{'ok' if log['fraction_of_step'] < 0.01 else 'MISSED'}); all the work, writes on MLflow's logging "
@@ -457,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
                         "the baseline always runs: every figure is a ratio to it)")
     parser.add_argument("--orchestrator", action="store_true",
                         help="only the orchestrator's figures (start-up, the 1,000-job plan): orchestrator.{json,md}")
+    parser.add_argument("--model", action="store_true",
+                        help="only the model arms and the logging cost (no orchestrator figures): bench.{json,md}")
     parser.add_argument("--traffic", action="store_true",
                         help="only the memory traffic and saved activations of one GPU training step per arm, counted "
                              "on fake tensors (no GPU needed): traffic.{json,md}")
@@ -491,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         for compile_ in (False, True):
             result[f"model_small_bf16{'_compiled' if compile_ else ''}"] = model_costs(device, small, 16, 1024, rounds,
                                                                                          steps, compile_, names)
-    result["orchestrator"] = orchestrator_costs(runs)
+    if not args.model:
+        result["orchestrator"] = orchestrator_costs(runs)
     result["logging"] = logging_cost(result["model"]["baseline"]["step_ms"] / 1e3)
     return _write(out, "bench", result, markdown(result))
 

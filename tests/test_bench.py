@@ -21,8 +21,8 @@ KINDS = ["baseline", "ddl_dv1", "ddl_dv4", "ddl_dv4_compiled", "ddl_dv1_nh2", "d
 @pytest.mark.slow
 def test_quick_bench_writes_each_arm_as_a_ratio_to_the_baseline(tmp_path, ddl_home):
     out = tmp_path / "bench"
-    done = subprocess.run([sys.executable, "-m", "ddl.bench", "--quick", "--arms", ",".join(KINDS), "--out", str(out)],
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, "-m", "ddl.bench", "--quick", "--model", "--arms", ",".join(KINDS),
+                           "--out", str(out)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((out / "bench.json").read_text())
     rows = result["model"]
@@ -37,9 +37,7 @@ def test_quick_bench_writes_each_arm_as_a_ratio_to_the_baseline(tmp_path, ddl_ho
     assert rows["ddl_dv4_compiled"]["params"] == rows["ddl_dv4"]["params"]
     for dv in (1, 4):                                                  # a second Delta step: its own maps
         assert rows[f"ddl_dv{dv}_nh2"]["params"] > rows[f"ddl_dv{dv}"]["params"]
-    orchestrator = result["orchestrator"]
-    assert orchestrator["help_s"] > 0 and orchestrator["dry_run_paper_small_s"] > 0 and orchestrator["plan_1000_s"] > 0
-    assert orchestrator["smoke_sweep_to_first_step_s"] > 0
+    assert "orchestrator" not in result                # --model: the next test's figures
     assert 0 < result["logging"]["fraction_of_step"] < 1
     markdown = (out / "bench.md").read_text()
     assert markdown in done.stdout and "replaced by run" not in done.stdout   # each logging measure: its own run
@@ -48,13 +46,18 @@ def test_quick_bench_writes_each_arm_as_a_ratio_to_the_baseline(tmp_path, ddl_ho
 
 
 @pytest.mark.slow
-def test_the_orchestrator_alone_times_start_up_and_the_plan_of_1000_jobs(tmp_path, ddl_home):
+def test_the_orchestrator_alone_times_start_up_the_plan_of_1000_jobs_and_a_sweep_warm_and_cold(tmp_path, ddl_home):
     out = tmp_path / "bench"
     done = subprocess.run([sys.executable, "-m", "ddl.bench", "--orchestrator", "--quick", "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     orchestrator = json.loads((out / "orchestrator.json").read_text())["orchestrator"]
     assert orchestrator["help_s"] > 0 and orchestrator["smoke_sweep_to_first_step_s"] > 0
+    assert orchestrator["dry_run_paper_small_s"] > 0
     assert orchestrator["plan_1000_s"] > 0 and len(orchestrator["plan_1000_cpu_runs_s"]) == 2   # --quick: 2 runs
+    for warm in ("true", "false"):           # a sweep's jobs forked from a warm server, and cold: wall and CPU
+        wall, cpu = orchestrator[f"sweep_4_jobs_warm_{warm}_s"]
+        assert wall > 0 and cpu > 0
     markdown = (out / "orchestrator.md").read_text()
     assert markdown in done.stdout and "| plan of 1,000 jobs" in markdown and not (out / "bench.json").exists()
+    assert "| local sweep of 4 micro jobs" in markdown
