@@ -4,6 +4,7 @@ jobs with its line (cancelled, none left pending), and the sweep run again resum
 
 import contextlib
 import json
+import os
 import re
 import subprocess
 import threading
@@ -67,10 +68,12 @@ class QueueWatch(threading.Thread):
 
 
 def _job_process(job_id: str) -> psutil.Process | None:
-    """The job's Python process on its node (submitit's), once it started."""
+    """The job's Python process on its node (submitit's), once it started: not the `srun` whose command line
+    names it too (a SIGKILL to srun ends the step only once slurmd notices, by which time the job may be done)."""
     for process in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
-            if "submitit.core._submit" in (process.info["cmdline"] or ()) and \
+            cmdline = process.info["cmdline"] or ()
+            if "submitit.core._submit" in cmdline and os.path.basename(cmdline[0]).startswith("python") and \
                     process.environ().get("SLURM_JOB_ID") == job_id:
                 return process
     return None
