@@ -259,27 +259,27 @@ def start_up_costs(ddl_run: str, env: dict, runs: int) -> dict:
             "store": env.get("MLFLOW_TRACKING_URI") or "DDL_HOME's SQLite"}
 
 
-def warm_start_costs(ddl_run: str, env: dict) -> dict:
-    """A local sweep of 4 micro jobs of 10 steps, 2 at a time, with its jobs forked from a warm server and
+def warm_start_costs(ddl_run: str, env: dict, jobs: int) -> dict:
+    """A local sweep of `jobs` micro jobs of 10 steps, 2 at a time, with its jobs forked from a warm server and
     started cold (hydra.launcher.warm_start), each in a fresh DDL_HOME: (wall, CPU) seconds of each."""
-    out = {}
+    out = {"sweep_jobs": jobs}
     for warm in ("true", "false"):
         with tempfile.TemporaryDirectory() as home:
-            out[f"sweep_4_jobs_warm_{warm}_s"] = _timed(
-                [ddl_run, "-m", "model=micro", "train=smoke", "train.steps=10", "seed=0,1,2,3",
+            out[f"sweep_warm_{warm}_s"] = _timed(
+                [ddl_run, "-m", "model=micro", "train=smoke", "train.steps=10", f"seed=range(0,{jobs})",
                  "hydra.launcher.max_parallel=2", f"hydra.launcher.warm_start={warm}"],
                 {**env, "DDL_HOME": home, "DDL_WARM_SOCKET": ""})
     return out
 
 
-def orchestrator_costs(runs: int) -> dict:
+def orchestrator_costs(runs: int, sweep_jobs: int) -> dict:
     """Start-up (`start_up_costs`), a sweep's jobs warm and cold (`warm_start_costs`) and launching the smoke
     sweep to its first training step."""
     ddl_run = str(Path(sys.executable).parent / "ddl-run")
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "DDL_HOME": home}
         out = start_up_costs(ddl_run, env, runs)
-        out.update(warm_start_costs(ddl_run, env))
+        out.update(warm_start_costs(ddl_run, env, sweep_jobs))
         start = time.perf_counter()
         process = subprocess.Popen([ddl_run, "-m", "+sweep=smoke", "train.log_every=1", "train.steps=200"], env=env,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -417,11 +417,11 @@ def orchestrator_table(o: dict) -> list[str]:
 
 def _warm_start_rows(o: dict) -> list[str]:
     """The warm-start sweep's wall and CPU, warm and cold, and their ratios (absent from older results)."""
-    if "sweep_4_jobs_warm_true_s" not in o:
+    if "sweep_jobs" not in o:
         return []
-    (wall, cpu), (cold_wall, cold_cpu) = o["sweep_4_jobs_warm_true_s"], o["sweep_4_jobs_warm_false_s"]
-    return [f"| local sweep of 4 micro jobs, 10 steps, 2 at a time: wall, warm / cold | {wall:.2f} / {cold_wall:.2f} "
-            f"= {wall / cold_wall:.2f}x | |",
+    (wall, cpu), (cold_wall, cold_cpu) = o["sweep_warm_true_s"], o["sweep_warm_false_s"]
+    return [f"| local sweep of {o['sweep_jobs']} micro jobs, 10 steps, 2 at a time: wall, warm / cold | {wall:.2f} / "
+            f"{cold_wall:.2f} = {wall / cold_wall:.2f}x | |",
             f"| the same sweep's CPU (user + sys, its jobs' included), warm / cold | {cpu:.2f} / {cold_cpu:.2f} "
             f"= {cpu / cold_cpu:.2f}x | |"]
 
@@ -465,9 +465,9 @@ def main(argv: list[str] | None = None) -> int:
                              "on fake tensors (no GPU needed): traffic.{json,md}")
     parser.add_argument("--size", default="small", choices=list(SIZES), help="--traffic's model size (default small)")
     args = parser.parse_args(argv)
-    out, runs = args.out or paths.reports_dir() / "bench", 2 if args.quick else 5
+    out, runs, sweep_jobs = args.out or paths.reports_dir() / "bench", *((2, 2) if args.quick else (5, 4))
     if args.orchestrator:
-        result = {"machine": {"device": cpu_name()}, "orchestrator": orchestrator_costs(runs)}
+        result = {"machine": {"device": cpu_name()}, "orchestrator": orchestrator_costs(runs, sweep_jobs)}
         return _write(out, "orchestrator", result, "\n".join(
             [f"# ddl bench: the orchestrator ({cpu_name()})", "", *orchestrator_table(result["orchestrator"]), ""]))
     names = ["baseline", *(name for name in args.arms.split(",") if name != "baseline")]
@@ -495,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
             result[f"model_small_bf16{'_compiled' if compile_ else ''}"] = model_costs(device, small, 16, 1024, rounds,
                                                                                          steps, compile_, names)
     if not args.model:
-        result["orchestrator"] = orchestrator_costs(runs)
+        result["orchestrator"] = orchestrator_costs(runs, sweep_jobs)
     result["logging"] = logging_cost(result["model"]["baseline"]["step_ms"] / 1e3)
     return _write(out, "bench", result, markdown(result))
 

@@ -56,8 +56,8 @@ def test_the_orchestrator_alone_times_start_up_the_plan_of_1000_jobs_and_a_sweep
     assert orchestrator["dry_run_paper_small_s"] > 0
     assert orchestrator["plan_1000_s"] > 0 and len(orchestrator["plan_1000_cpu_runs_s"]) == 2   # --quick: 2 runs
     for warm in ("true", "false"):           # a sweep's jobs forked from a warm server, and cold: wall and CPU
-        wall, cpu = orchestrator[f"sweep_4_jobs_warm_{warm}_s"]
+        wall, cpu = orchestrator[f"sweep_warm_{warm}_s"]
         assert wall > 0 and cpu > 0
     markdown = (out / "orchestrator.md").read_text()
     assert markdown in done.stdout and "| plan of 1,000 jobs" in markdown and not (out / "bench.json").exists()
-    assert "| local sweep of 4 micro jobs" in markdown
+    assert "| local sweep of 2 micro jobs" in markdown                     # --quick: 2 jobs
