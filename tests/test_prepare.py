@@ -5,6 +5,7 @@ import json
 import multiprocessing
 import os
 import random
+import re
 import signal
 import time
 
@@ -101,7 +102,8 @@ def test_a_two_worker_prepare_killed_mid_way_resumes_to_the_same_bytes(corpus, s
     child.join(30)
     assert child.exitcode == -signal.SIGKILL
     assert sum("spawn_main" in command for command in commands) == 2
-    gone, alive = psutil.wait_procs(started, timeout=15)        # they notice their parent is gone
+    gone, alive = psutil.wait_procs(started, timeout=120)       # they notice their parent is gone (within a
+    #                                                             second of running; a loaded machine starts them late)
     assert not alive
     state = json.loads(progress.read_text())
     assert state["docs_done"] > 0 and not state["finished"]
@@ -122,7 +124,7 @@ def test_the_progress_line_shows_tokens_per_second_and_the_eta(corpus, tmp_path,
     assert out.returncode == 0, out.stderr
     lines = out.stderr.splitlines()
     progress = [line for line in lines if " tokenizing files-byte-" in line]
-    assert len(progress) > 3 and all(" tok/s on 2 workers, ETA 00:00:" in line for line in progress)
+    assert len(progress) > 3 and all(re.search(r" tok/s on 2 workers, ETA \d\d:\d\d:\d\d$", line) for line in progress)
     assert lines[-1].startswith("tokenized files-byte-") and " tok/s on 2 workers" in lines[-1]
     assert "train" in out.stdout and "unigram cross-entropy" in out.stdout
 

@@ -96,11 +96,11 @@ _worker: dict = {}
 def _start_worker(cfg: DataConfig, tokenizer_dir: str, parent: int) -> None:
     """A worker: one thread of tokenizing; Ctrl-C and SIGTERM left to the parent (it stops the pool, or ignores
     SIGTERM as a submitit job does until SLURM's SIGKILL), and an exit as soon as the parent is gone."""
+    threading.Thread(target=_exit_without, args=(parent,), daemon=True).start()   # before the tokenizer loads
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     for stop in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop, signal.SIG_IGN)
     _worker.update(cfg=cfg, tokenizer=load_tokenizer(cfg.tokenizer, Path(tokenizer_dir)))
-    threading.Thread(target=_exit_without, args=(parent,), daemon=True).start()
 
 
 def _exit_without(parent: int) -> None:
