@@ -146,7 +146,8 @@ class SweepLauncher(BaseSubmititLauncher):
         shown = [j for j in plan.jobs if j.signature in reusable or j in todo]     # in the live table
         os.environ.setdefault("DDL_CPUS", str(self.params.get("cpus_per_task") or 1))
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-        warm_start = warm.local_python(self._EXECUTOR == "local" and self.warm_start, len(todo))
+        warm_start = warm.local_python(self._EXECUTOR == "local" and self.warm_start    # CPU jobs: a GPU job's
+                                       and not self.params.get("gpus_per_node"), len(todo))  # CUDA must not meet a fork
         with DeferredSignals((signal.SIGINT, signal.SIGTERM)) as stop, warm_start as python:
             self.local_python = python              # stop the jobs, then print the summary
             outcomes = self.reuse_jobs([(j, reusable[j.signature]) for j in plan.jobs if j.signature in reusable],
