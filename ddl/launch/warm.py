@@ -81,6 +81,8 @@ def local_python(enabled: bool, jobs: int):
         server.stdin.close()              # the server stops listening, and ends with its last job
         with contextlib.suppress(subprocess.TimeoutExpired):
             server.wait(timeout=30)       # the sweep's jobs have ended: its CPU then counts in the sweep's
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(path))   # a server that never listened leaves its folder (one that did, not)
 
 
 # -- the client ---------------------------------------------------------------------------------------------
