@@ -6,7 +6,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,9 +48,7 @@ def _start_a_warm_server() -> list[str]:
     from ddl.launch import warm
     if not warm.supported():
         return []
-    path = os.path.join(tempfile.mkdtemp(prefix="ddl-warm-"), "socket")
-    server = subprocess.Popen([sys.executable, "-m", "ddl.launch.warm", "serve", path], stdin=subprocess.PIPE,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, path = warm.start_server()
     atexit.register(server.stdin.close)          # it ends with its last child
     os.environ[warm.SOCKET_ENV] = path
     return [sys.executable, "-S", warm.__file__, path]

@@ -52,6 +52,16 @@ def client_command(path: str) -> str:
     return " ".join(shlex.quote(part) for part in (sys.executable, "-S", os.path.abspath(__file__), path))
 
 
+def start_server():
+    """(the server's process, its socket's path) for a server started now in a folder of its own; it stops
+    listening when its stdin closes, and ends with its last child."""
+    import subprocess
+    import tempfile
+    path = os.path.join(tempfile.mkdtemp(prefix="ddl-warm-"), "socket")
+    return subprocess.Popen([sys.executable, "-m", "ddl.launch.warm", "serve", path], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), path
+
+
 @contextlib.contextmanager
 def local_python(enabled: bool, jobs: int):
     """The `python` of submitit's local executor for a sweep of `jobs` jobs: the client of the server in
@@ -68,10 +78,7 @@ def local_python(enabled: bool, jobs: int):
         yield None
         return
     import subprocess
-    import tempfile
-    path = os.path.join(tempfile.mkdtemp(prefix="ddl-warm-"), "socket")
-    server = subprocess.Popen([sys.executable, "-m", "ddl.launch.warm", "serve", path], stdin=subprocess.PIPE,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, path = start_server()
     deadline = time.monotonic() + 10
     while not os.path.exists(path) and server.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
