@@ -195,8 +195,7 @@ def serve(path: str) -> dict | None:
     selector.register(listener, selectors.EVENT_READ, "accept")
     selector.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
     selector.register(wake_r, selectors.EVENT_READ, "wake")
-    children: dict[int, socket.socket] = {}             # pid -> its client's connection
-    by_conn: dict[socket.socket, int] = {}
+    children: dict[int, socket.socket] = {}             # pid -> its client's connection (registered with its pid)
 
     def stop_listening() -> None:
         if listener.fileno() >= 0:
@@ -226,19 +225,19 @@ def serve(path: str) -> dict | None:
                 if pid == 0:
                     selector.close()
                     listener.close()
-                    for other in [*by_conn, conn]:
+                    for other in [*children.values(), conn]:
                         other.close()
                     signal.set_wakeup_fd(-1)
                     os.close(wake_r), os.close(wake_w)
                     return request
                 for fd in request["fds"]:
                     os.close(fd)
-                children[pid], by_conn[conn] = conn, pid
+                children[pid] = conn
                 conn.send(json.dumps({"pid": pid}).encode())
-                selector.register(conn, selectors.EVENT_READ, "client")
-            elif key.data == "client":                  # a client that ended (or was killed) before its child
+                selector.register(conn, selectors.EVENT_READ, pid)
+            elif isinstance(key.data, int):             # a client that ended (or was killed) before its child
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(by_conn[key.fileobj], signal.SIGKILL)
+                    os.kill(key.data, signal.SIGKILL)
             elif key.data == "stdin":
                 if not os.read(sys.stdin.fileno(), 4096):
                     selector.unregister(sys.stdin.fileno())
@@ -252,7 +251,6 @@ def serve(path: str) -> dict | None:
                 break
             conn = children.pop(pid, None)
             if conn is not None:
-                del by_conn[conn]
                 selector.unregister(conn)
                 with contextlib.suppress(OSError):
                     conn.send(json.dumps({"status": status}).encode())
