@@ -259,13 +259,16 @@ def kernels_part(device, size: str) -> dict:
              "norm_backward": (h, g[..., :1], g[..., :dv], x, gain, W_c, W_x, rho_n),
              "rank_one_forward": (w, h, A), "rank_one_backward": (g, w, h, A)}
 
+    on_gpu = device.type == "cuda"
+
     def timed(fn, *args) -> float:
-        """Median microseconds of fn(*args): CUDA events on a GPU, the host clock on the CPU."""
-        for _ in range(3):
+        """Median microseconds of fn(*args): CUDA events on a GPU; on the CPU (the interpreter, where the figure
+        only shows the harness works) the host clock, one call after one untimed."""
+        for _ in range(3 if on_gpu else 1):
             fn(*args)
         times = []
-        for _ in range(20 if device.type == "cuda" else 3):
-            if device.type == "cuda":
+        for _ in range(20 if on_gpu else 1):
+            if on_gpu:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 fn(*args)
@@ -282,7 +285,7 @@ def kernels_part(device, size: str) -> dict:
         return sum(t.numel() * t.element_size() for t in torch.utils._pytree.tree_leaves(tree)
                    if isinstance(t, torch.Tensor))
 
-    big = torch.empty(2 ** 28 if device.type == "cuda" else 2 ** 20, device=device, dtype=bf16)   # 512 MiB on a GPU
+    big = torch.empty(2 ** 28 if on_gpu else 2 ** 20, device=device, dtype=bf16)   # 512 MiB on a GPU
     copy_rate = 2 * big.numel() * 2 / timed(torch.Tensor.clone, big) * 1e6
     rows = {}
     chosen = (triton_loops.ROW_WARPS, triton_loops.NORM_WARPS, triton_loops.TILE_WARPS)
@@ -290,12 +293,12 @@ def kernels_part(device, size: str) -> dict:
         op = getattr(ops, name.split()[0].replace("key_backward", "update_backward"))
         moved = nbytes(args) + nbytes(op(*args))
         by_warps = {}
-        for warps in KERNEL_WARPS if device.type == "cuda" else (None,):   # each op at each warps, then as chosen
-            if warps:
-                triton_loops.ROW_WARPS = triton_loops.NORM_WARPS = triton_loops.TILE_WARPS = warps
-            by_warps[warps or "chosen"] = timed(op, *args)
+        for warps in KERNEL_WARPS if on_gpu else ():   # each op at each warps (none interpreted), then as chosen
+            triton_loops.ROW_WARPS = triton_loops.NORM_WARPS = triton_loops.TILE_WARPS = warps
+            by_warps[warps] = timed(op, *args)
         triton_loops.ROW_WARPS, triton_loops.NORM_WARPS, triton_loops.TILE_WARPS = chosen
         us = timed(op, *args)
+        by_warps["chosen"] = us
         rows[name] = {"us": us, "bytes": moved, "GB_per_s": moved / us / 1e3, "of_copy": moved / us * 1e6 / copy_rate,
                       "us_by_warps": by_warps}
     return {"shape": {"B": B, "T": T, "dv": dv, "d": d, "L": L}, "copy_GB_per_s": copy_rate / 1e9, "ops": rows,

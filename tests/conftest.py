@@ -54,7 +54,7 @@ def _start_a_warm_server() -> list[str]:
     return [sys.executable, "-S", warm.__file__, path]
 
 
-WARM = _start_a_warm_server()
+WARM: list[str] = []    # filled in by pytest_configure
 
 
 def _import_triton_kernels_interpreted() -> None:
@@ -77,8 +77,15 @@ def _import_triton_kernels_interpreted() -> None:
             os.environ["TRITON_INTERPRET"] = before
 
 
-if TEST_DEVICE.type == "cpu":
-    _import_triton_kernels_interpreted()
+def pytest_configure(config):
+    """What a process that runs tests sets up once: Triton's kernels interpreted, and the warm server. Not in
+    xdist's controller, which runs no test, nor in a process multiprocessing spawns, which imports a test module
+    (and so this file) without configuring pytest: each would import torch, triton and MLflow for nothing."""
+    if config.getoption("dist", "no") != "no" and not hasattr(config, "workerinput"):
+        return
+    if TEST_DEVICE.type == "cpu":
+        _import_triton_kernels_interpreted()
+    WARM[:] = _start_a_warm_server()
 
 
 # The suite runs on three pytest-xdist workers (make test). The tests that start private servers run in two
@@ -157,12 +164,24 @@ def module_ddl_home(tmp_path_factory):
         yield home
 
 
+def console_script(tool: str) -> list[str]:
+    """The command that runs an installed console script forked from the worker's warm server, for a test that
+    starts it itself. Not for one the test signals (but SIGKILL) or whose process group it signals: the client
+    forwards a signal to the script alone, and the script's children are not in its process group."""
+    return [*WARM, str(VENV_BIN / tool)]
+
+
+def python_module(module: str) -> list[str]:
+    """`python -m MODULE`, forked from the worker's warm server as console_script's scripts are."""
+    return [*WARM, "-m", module] if WARM else [sys.executable, "-m", module]
+
+
 def run_cli(tool: str, *args: str, cwd=None, timeout=600, env_extra=None) -> subprocess.CompletedProcess:
     """Run an installed console script (ddl-run, ddl-report, ...) the way a user does, its output to a file: the
     width of tables is a file's (the caller's COLUMNS, as a CI runner may export, is not passed on). It runs
     forked from the worker's warm server (its imports done once), as `python SCRIPT ARGS` would."""
     inherited = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    return subprocess.run([*WARM, str(VENV_BIN / tool), *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([*console_script(tool), *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env={**inherited, "PYTHONUNBUFFERED": "1", **(env_extra or {})})
 
 
@@ -358,7 +377,7 @@ def run_cli_in_terminal(tool: str, *args: str, columns: int = 80, timeout=600, e
     import pty
     leader, follower = pty.openpty()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": str(columns), "TERM": "xterm", **(env_extra or {})}
-    process = subprocess.Popen([str(VENV_BIN / tool), *args], stdin=follower, stdout=follower, stderr=follower,
+    process = subprocess.Popen([*console_script(tool), *args], stdin=follower, stdout=follower, stderr=follower,
                                env=env, close_fds=True)
     os.close(follower)
     chunks, deadline = [], time.time() + timeout

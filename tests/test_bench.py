@@ -6,11 +6,11 @@ what is asserted is that each one was measured, relative to the same-run baselin
 
 import json
 import subprocess
-import sys
 
 import pytest
 
 from ddl.bench import ARMS
+from tests.conftest import python_module
 
 
 # An arm of each kind (the rest differ only in the model they build, which the model's tests cover): make bench
@@ -21,7 +21,7 @@ KINDS = ["baseline", "ddl_dv1", "ddl_dv4", "ddl_dv4_compiled", "ddl_dv1_nh2", "d
 @pytest.mark.slow
 def test_quick_bench_writes_each_arm_as_a_ratio_to_the_baseline(tmp_path, ddl_home):
     out = tmp_path / "bench"
-    done = subprocess.run([sys.executable, "-m", "ddl.bench", "--quick", "--model", "--arms", ",".join(KINDS),
+    done = subprocess.run([*python_module("ddl.bench"), "--quick", "--model", "--arms", ",".join(KINDS),
                            "--out", str(out)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((out / "bench.json").read_text())
@@ -48,7 +48,7 @@ def test_quick_bench_writes_each_arm_as_a_ratio_to_the_baseline(tmp_path, ddl_ho
 @pytest.mark.slow
 def test_the_orchestrator_alone_times_start_up_the_plan_of_1000_jobs_and_a_sweep_warm_and_cold(tmp_path, ddl_home):
     out = tmp_path / "bench"
-    done = subprocess.run([sys.executable, "-m", "ddl.bench", "--orchestrator", "--quick", "--out", str(out)],
+    done = subprocess.run([*python_module("ddl.bench"), "--orchestrator", "--quick", "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     orchestrator = json.loads((out / "orchestrator.json").read_text())["orchestrator"]

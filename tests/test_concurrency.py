@@ -100,7 +100,7 @@ def test_a_damaged_schema_template_is_dropped_and_the_store_migrated_in_place(tm
 @pytest.mark.slow
 def test_two_identical_sweeps_at_once_train_each_job_once(ddl_home):
     args = ["ddl-run", "-m", "residual=ddl,baseline", *SMOKE, "experiment=twice"]
-    sweeps = [start(*args) for _ in range(2)]
+    sweeps = [start(*args, warm=True) for _ in range(2)]
     outputs = [sweep.communicate(timeout=900) for sweep in sweeps]
     assert [s.returncode for s in sweeps] == [0, 0], [err[-2000:] for _, err in outputs]
     runs = mlflow_runs("twice")

@@ -14,13 +14,15 @@ import time
 
 import pytest
 
-from tests.conftest import VENV_BIN, logged_steps, mlflow_runs, run_cli
+from tests.conftest import VENV_BIN, console_script, logged_steps, mlflow_runs, run_cli
 
 SMOKE = ["model=micro", "train=smoke", "train.log_every=1"]     # 20 steps, every one logged
 
 
-def start(*args, env_extra=None, **popen):
-    return subprocess.Popen([str(VENV_BIN / args[0]), *args[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+def start(*args, env_extra=None, warm=False, **popen):
+    """A console script started (cold, or forked from the warm server: conftest.console_script) and not waited for."""
+    command = console_script(args[0]) if warm else [str(VENV_BIN / args[0])]
+    return subprocess.Popen([*command, *args[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}, **popen)
 
 

@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from ddl import gpu_check
+from tests.conftest import python_module
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU: gpu-check would run")
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_0(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "ddl.gpu_check", "--out", str(tmp_path / "out")], capture_output=True,
+    done = subprocess.run([*python_module("ddl.gpu_check"), "--out", str(tmp_path / "out")], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("\n") == 1 and done.stdout.startswith("gpu-check: no CUDA GPU"), done.stdout
@@ -23,7 +24,7 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_0(tmp_path):
 
 
 def test_an_unknown_part_is_refused_in_one_line(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "ddl.gpu_check", "--parts", "step,bogus", "--device", "cpu",
+    done = subprocess.run([*python_module("ddl.gpu_check"), "--parts", "step,bogus", "--device", "cpu",
                            "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "--parts: bogus unknown; allowed: step, resume, tests, profile, kernels" in done.stderr
@@ -66,7 +67,7 @@ def test_its_parts_run_on_the_cpu_and_write_their_figures(tmp_path):
     """The step part (compiled per block, the gradients checked against eager) and the resume part (a run killed
     with SIGKILL and resumed) at the micro size on the CPU: the same code a GPU runs at small."""
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "ddl.gpu_check", "--device", "cpu", "--parts", "step,resume",
+    done = subprocess.run([*python_module("ddl.gpu_check"), "--device", "cpu", "--parts", "step,resume",
                            "--out", str(out)], capture_output=True, text=True, timeout=900)
     summary = json.loads((out / "summary.json").read_text())
     rows = summary["step"]["rows"]

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.conftest import VENV_BIN, run_cli
+from tests.conftest import VENV_BIN, console_script, run_cli
 from tests.test_slurm import SLURM
 
 MICRO = ["model=micro", "train=smoke", "train.steps=30"]
@@ -87,7 +87,7 @@ def test_a_run_another_home_is_training_is_left_to_it(team_server, tmp_path):
     env_a = home_env(team_server, tmp_path / "a")
     job = ["model=micro", "train=smoke", "train.steps=4000", "train.eval_every=1000", "train.ckpt_every=1000",
            "experiment=busy"]
-    busy = subprocess.Popen([str(VENV_BIN / "ddl-run"), *job], env={**os.environ, **env_a},
+    busy = subprocess.Popen([*console_script("ddl-run"), *job], env={**os.environ, **env_a},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 120
@@ -135,7 +135,7 @@ def test_a_home_that_loses_the_race_for_a_job_leaves_no_running_run_anywhere(tea
     experiment = client.create_experiment("race")
     with open(data_lock, "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)                   # as another process preparing the same data would
-        racer = subprocess.Popen([str(VENV_BIN / "ddl-run"), *args], env={**os.environ, **home_env(team_server, home)},
+        racer = subprocess.Popen([*console_script("ddl-run"), *args], env={**os.environ, **home_env(team_server, home)},
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         await_lock_waiter(data_lock, racer)                # it found no rival and sets up to train
         rival = client.create_run(experiment, tags={
@@ -250,7 +250,7 @@ def test_a_server_that_stays_down_fails_the_job_in_one_line_with_its_checkpoint_
            "seed=7", "experiment=down"]        # seed 7: not the outage test's job, which the server holds FINISHED
     env = {**os.environ, **home_env(team_server, home, DDL_STORE_PATIENCE_S="5", MLFLOW_HTTP_REQUEST_MAX_RETRIES="1",
                                     MLFLOW_HTTP_REQUEST_TIMEOUT="5")}
-    running = subprocess.Popen([str(VENV_BIN / "ddl-run"), *job], env=env, stdout=subprocess.PIPE,
+    running = subprocess.Popen([*console_script("ddl-run"), *job], env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 300

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import VENV_BIN, logged_steps, mlflow_runs, run_cli
+from tests.conftest import VENV_BIN, console_script, logged_steps, mlflow_runs, python_module, run_cli
 
 SEARCH = ["residual=ddl,baseline", "dv=4", "train.lr=tag(log, interval(3e-4, 3e-2))", "model=micro", "train=smoke",
           "train.steps=20", "tune.trials=3", "tune.seeds=1", "tune.replicates=2", "experiment=tuned"]
@@ -86,7 +86,7 @@ def test_the_simulate_command_writes_its_table_between_the_markers(tmp_path):
     from ddl.tune.simulate import BEGIN, END
     results = tmp_path / "results.md"
     results.write_text(f"# before\n{BEGIN}\nold\n{END}\nafter\n")
-    out = subprocess.run([str(VENV_BIN / "python"), "-m", "ddl.tune.simulate", "--experiments", "3", "--jobs", "2",
+    out = subprocess.run([*python_module("ddl.tune.simulate"), "--experiments", "3", "--jobs", "2",
                           "--write", str(results)], capture_output=True, text=True, timeout=600)
     assert out.returncode in (0, 1), out.stderr[-2000:]
     text = results.read_text()
@@ -94,7 +94,7 @@ def test_the_simulate_command_writes_its_table_between_the_markers(tmp_path):
     assert text.count("| Student-t(3) |") == 8 and text.count("| normal |") == 8 and "3 experiments" in text
     bare = tmp_path / "bare.md"
     bare.write_text("nothing\n")
-    out = subprocess.run([str(VENV_BIN / "python"), "-m", "ddl.tune.simulate", "--experiments", "1", "--write",
+    out = subprocess.run([*python_module("ddl.tune.simulate"), "--experiments", "1", "--write",
                           str(bare)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "markers" in out.stderr
     assert bare.read_text() == "nothing\n"
@@ -324,7 +324,7 @@ def test_two_homes_racing_one_search_make_one_parent_each_trial_and_confirmation
     search = ["-m", "residual=ddl,baseline", "dv=4", "train.lr=tag(log, interval(3e-3, 3e-1))", "tune.trials=4",
               "tune.seeds=2", "tune.replicates=1", "tune.bracket_trials=0", "tune.pruner=none", "model=micro",
               "train=smoke", "train.steps=40", "experiment=raced"]
-    homes = [subprocess.Popen([str(VENV_BIN / "ddl-run"), *search], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    homes = [subprocess.Popen([*console_script("ddl-run"), *search], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "DDL_HOME": str(tmp_path / home),
                                               "MLFLOW_TRACKING_URI": team_server.uri})
              for home in "ab"]
