@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
                              "on fake tensors (no GPU needed): traffic.{json,md}")
     parser.add_argument("--size", default="small", choices=list(SIZES), help="--traffic's model size (default small)")
     args = parser.parse_args(argv)
-    out, runs, sweep_jobs = args.out or paths.reports_dir() / "bench", *((2, 2) if args.quick else (5, 4))
+    out, runs, sweep_jobs = args.out or paths.reports_dir() / "bench", *((1, 2) if args.quick else (5, 4))
     if args.orchestrator:
         result = {"machine": {"device": cpu_name()}, "orchestrator": orchestrator_costs(runs, sweep_jobs)}
         return _write(out, "orchestrator", result, "\n".join(
