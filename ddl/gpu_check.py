@@ -17,7 +17,8 @@ summary.json is rewritten after every part (and every arm), so a check cut short
 Without a CUDA GPU it says so in one line and exits 0; `--device cpu` runs the parts on the CPU at
 `--size micro` (how the suite tests this harness).
 
-    python -m ddl.gpu_check [--parts step,resume] [--out DIR] [--size small] [--device cuda|cpu]
+    python -m ddl.gpu_check [--parts step,resume] [--arms baseline,ddl_dv1,ddl_dv4] [--out DIR] [--size small]
+                            [--device cuda|cpu]
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from . import paths
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 DEVICE_TESTS = ["tests/test_triton_kernels.py", "tests/test_model_bf16_compile.py"]
-ARMS = ("baseline", "ddl_dv1", "ddl_dv4")
+ARMS = ("baseline", "ddl_dv1", "ddl_dv4")                # the step and profile parts' default arms (--arms)
 PARTS = ("step", "resume", "tests", "profile", "kernels")
 DEFAULT_PARTS = ("step", "resume")
 TARGETS = {"ddl_dv1": 1.05, "ddl_dv4": 1.10}          # compiled step ratio to the baseline, small, bf16
@@ -67,8 +68,8 @@ class Check:
         paths.write_atomic(self.out / "summary.md", markdown(self.summary))
 
 
-def step_part(check: Check, device, size: str) -> dict:
-    """The three arms at `size`, compiled per block, timed alternating (ddl.bench.model_costs)."""
+def step_part(check: Check, device, size: str, arms: list[str]) -> dict:
+    """The arms at `size` (the baseline first), compiled per block, timed alternating (ddl.bench.model_costs)."""
     import torch
 
     from .bench import model_costs
@@ -82,7 +83,7 @@ def step_part(check: Check, device, size: str) -> dict:
         set_up[name] = row
         check.record("step", {"set_up": set_up})
 
-    rows = model_costs(device, shape, batch, seq, TIMED // ROUND, ROUND, True, list(ARMS), warmup=WARMUP,
+    rows = model_costs(device, shape, batch, seq, TIMED // ROUND, ROUND, True, arms, warmup=WARMUP,
                        on_arm=on_arm)
     return {"shape": {**shape, "batch": batch, "seq_len": seq}, "rows": rows, "targets": targets(rows)}
 
@@ -91,6 +92,8 @@ def targets(rows: dict) -> dict:
     """The issue's targets from the step part's rows."""
     judged = {}
     for arm, bound in TARGETS.items():
+        if arm not in rows:
+            continue
         ratio = rows[arm]["time_ratio"]
         judged[f"{arm} step / baseline"] = {"value": ratio, "target": f"<= {bound:.2f}", "met": ratio <= bound}
     mfu = rows["baseline"]["mfu"]
@@ -201,7 +204,7 @@ def tests_part(out: Path) -> dict:
     return {"exit_code": code, "seconds": time.perf_counter() - start, "summary": lines[-1] if lines else ""}
 
 
-def profile_part(out: Path, device, size: str) -> dict:
+def profile_part(out: Path, device, size: str, arms: list[str]) -> dict:
     """Three compiled steps of each arm under torch.profiler: its kernels by total device time."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -211,7 +214,7 @@ def profile_part(out: Path, device, size: str) -> dict:
     shape = {**SIZES[size], "vocab_size": ModelConfig.vocab_size}
     batch, seq = (BATCH, SEQ) if device.type == "cuda" else (2, 64)
     files = {}
-    for name in ARMS:
+    for name in arms:
         arm = Arm(name, shape, batch, seq, device, True)
         arm.step(), arm.step()
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -375,11 +378,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="where the reports go (default reports/gpu-check)")
     parser.add_argument("--size", default=None, help="model size (default: small on CUDA, micro on CPU)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--arms", default=",".join(ARMS),
+                        help="the step and profile parts' arms, the baseline first (ddl.bench's arms)")
     args = parser.parse_args(argv)
-    parts = args.parts.split(",")
+    parts, arms = args.parts.split(","), args.arms.split(",")
     unknown = [part for part in parts if part not in PARTS]
     if unknown:
         parser.error(f"--parts: {','.join(unknown)} unknown; allowed: {', '.join(PARTS)}")
+    from .bench import ARMS as BENCH_ARMS
+    unknown = [arm for arm in arms if arm not in BENCH_ARMS]
+    if unknown:
+        parser.error(f"--arms: {','.join(unknown)} unknown; allowed: {', '.join(BENCH_ARMS)}")
+    if arms[0] != "baseline":
+        parser.error(f"--arms: {args.arms} starts with {arms[0]}; allowed: baseline first (the ratios' reference)")
     import torch
     if args.device == "cuda" and not torch.cuda.is_available():
         print(f"gpu-check: no CUDA GPU on this machine (torch {torch.__version__}); nothing to check.")
@@ -398,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
                         "python": platform.python_version(), "size": size}, parts)
     for part in parts:
         if part == "step":
-            check.record("step", step_part(check, device, size))
+            check.record("step", step_part(check, device, size, arms))
         elif part == "resume":
             check.record("resume", resume_part(out, size, args.device))
         elif part == "tests":
@@ -406,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         elif part == "kernels":
             check.record("kernels", kernels_part(device, size))
         else:
-            check.record("profile", profile_part(out, device, size))
+            check.record("profile", profile_part(out, device, size, arms))
     check.summary["done"] = True
     check.record("done", True)
     print((out / "summary.md").read_text())

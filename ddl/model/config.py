@@ -50,8 +50,9 @@ Knob semantics (paper sections 3-4, appendix B; the reference implementation whe
   separate run, like train.compile).
     fused     hand-written autograd kernels (ddl/model/fused): C++ loops on CPU, built once per
               machine on first use; PyTorch ops elsewhere
-    compiled  the plain PyTorch forms of the update and the read through torch.compile: one
-              generated kernel per op (C++ on CPU, Triton on CUDA), compiled on first use
+    compiled  the plain PyTorch forms of the update, the read and a sublayer's norm with its gate maps
+              through torch.compile: kernels generated per op (C++ on CPU, Triton on CUDA), compiled
+              on first use; under train.compile, fused with their neighbours
 """
 
 from __future__ import annotations

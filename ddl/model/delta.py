@@ -25,7 +25,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .fused import (DeltaKey, DeltaWrite, FusedExpand, FusedRankOneRead, FusedStateRead, at_least_fp32,
-                    norm_projections, update_steps)
+                    eager, norm_projections, update_steps)
 from .mup import value_multiplier
 
 
@@ -71,11 +71,12 @@ def delta_key(X: torch.Tensor, k_raw: torch.Tensor, beta: torch.Tensor, v: torch
 
 def delta_write(X_mid: torch.Tensor, X: torch.Tensor, k_a: torch.Tensor, w_a: torch.Tensor, k_raw: torch.Tensor,
                 beta: torch.Tensor, v: torch.Tensor, A: torch.Tensor, k_eps: float, store_state: bool,
-                update: Callable = delta_update, read: Callable = None) -> tuple[torch.Tensor, ...]:
+                update: Callable = delta_update, read: Callable | None = None) -> tuple[torch.Tensor, ...]:
     """A d_v > 1 block's second update and the next read in DeltaWrite's signature, (X_out, w, state_read(X_out, A)):
     the plain form updates the mid state it is given (X, k~_a and w_a, from which DeltaWrite rebuilds it, unused)."""
     X_out, w = update(X_mid, k_raw, beta, v, k_eps)
-    return X_out, w, (read or state_read)(X_out, A)
+    # `is None`, not `or`: dynamo on CUDA (torch 2.11) cannot take the truth of a torch.compile'd read
+    return X_out, w, (state_read if read is None else read)(X_out, A)
 
 
 def _logit(p: float) -> float:
@@ -163,6 +164,7 @@ class DeltaResidual(nn.Module):
         self.further = nn.ModuleList(FurtherDeltaStep(cfg) for _ in range(cfg.n_h - 1))
         self.beta_bias_init = _logit(cfg.beta_init / 2.0)
         self.update_steps = delta_kernels(cfg.kernels).update_steps
+        self.norm_projections = delta_kernels(cfg.kernels).norm
         self.last_betas: list[torch.Tensor] = []  # per step, (B,T,1), detached, for beta_stats()
         self.recording = False                    # keep every step's (k~, beta, v) too: the coordinate check's
         self.last_steps: list[tuple[torch.Tensor, ...]] = []
@@ -176,7 +178,7 @@ class DeltaResidual(nn.Module):
                             [gate_input(step.beta_gate).weight for step in self.further])
         W_x = (_side_by_side([self.W_v.weight] + [step.W_v.weight for step in self.further])
                if self.mapping == "k" else x_in.new_zeros(0, x_in.size(-1)))
-        c, beta_pre, v_pre = norm_projections(x_in, norm.weight, W_c, W_x, norm.eps)
+        c, beta_pre, v_pre = self.norm_projections(x_in, norm.weight, W_c, W_x, norm.eps)
         return SublayerInput(x_in, c, beta_pre, v_pre if self.mapping == "k" else None)
 
     def components(self, h: torch.Tensor, inp: SublayerInput, beta_pre: torch.Tensor, v_pre: torch.Tensor | None):
@@ -260,21 +262,23 @@ class DeltaOps(NamedTuple):
     expand: Callable          # expand_state's
     key: Callable             # delta_key's: a d_v > 1 block's first update, n_h = 1
     write: Callable           # delta_write's: its second update and the next read
+    norm: Callable            # norm_projections's: a sublayer's RMSNorm and its gates' first maps
 
 
 @functools.cache
 def delta_kernels(kind: str) -> DeltaOps:
     """The state's ops for ModelConfig.kernels: the hand-fused autograd kernels, or the plain forms of
-    the per-sublayer ops through torch.compile. The rank-1 read and the EC expansion stay fused
-    in both: the first touches only (B,T,d) tensors (and compiled it keeps w A for backward), the
-    second runs once per forward."""
+    the per-sublayer ops (the norm and gate maps too) through torch.compile. The rank-1 read and the EC
+    expansion stay fused in both: the first touches only (B,T,d) tensors (and compiled it keeps w A for
+    backward), the second runs once per forward."""
     if kind == "compiled":
         update, read = torch.compile(delta_update), torch.compile(state_read)
         return DeltaOps(functools.partial(delta_update_steps, update=update), read, FusedRankOneRead.apply,
                         FusedExpand.apply, torch.compile(delta_key),
-                        functools.partial(delta_write, update=update, read=read))
+                        functools.partial(delta_write, update=update, read=read),
+                        torch.compile(eager.norm_projections))
     return DeltaOps(update_steps, FusedStateRead.apply, FusedRankOneRead.apply, FusedExpand.apply, DeltaKey.apply,
-                    DeltaWrite.apply)
+                    DeltaWrite.apply, norm_projections)
 
 
 class StateCompressor(nn.Module):
