@@ -23,11 +23,15 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_0(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_an_unknown_part_is_refused_in_one_line(tmp_path):
-    done = subprocess.run([*python_module("ddl.gpu_check"), "--parts", "step,bogus", "--device", "cpu",
+@pytest.mark.parametrize("argument, value, message", [
+    ("--parts", "step,bogus", "--parts: bogus unknown; allowed: step, resume, tests, profile, kernels"),
+    ("--arms", "baseline,ddl_dv9", "--arms: ddl_dv9 unknown; allowed: baseline, ddl_dv1, "),
+    ("--arms", "ddl_dv1,baseline", "--arms: ddl_dv1,baseline starts with ddl_dv1; allowed: baseline first")])
+def test_an_unknown_part_or_arm_is_refused_in_one_line(tmp_path, argument, value, message):
+    done = subprocess.run([*python_module("ddl.gpu_check"), argument, value, "--device", "cpu",
                            "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
-    assert "--parts: bogus unknown; allowed: step, resume, tests, profile, kernels" in done.stderr
+    assert message in done.stderr
     assert not (tmp_path / "out").exists()
 
 
