@@ -173,7 +173,12 @@ def console_script(tool: str) -> list[str]:
 
 def python_module(module: str) -> list[str]:
     """`python -m MODULE`, forked from the worker's warm server as console_script's scripts are."""
-    return [*WARM, "-m", module] if WARM else [sys.executable, "-m", module]
+    return [*(WARM or [sys.executable]), "-m", module]
+
+
+def python_script(path: Path) -> list[str]:
+    """`python PATH`, forked from the worker's warm server as console_script's scripts are."""
+    return [*(WARM or [sys.executable]), str(path)]
 
 
 def run_cli(tool: str, *args: str, cwd=None, timeout=600, env_extra=None) -> subprocess.CompletedProcess:

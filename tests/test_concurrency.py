@@ -1,21 +1,24 @@
 """Two sweeps on one home: a signature is trained by one process at a time, and the store is created once."""
 
-import multiprocessing
+import os
+import subprocess
+import time
 
 import pytest
 
-from tests.conftest import logged_steps, mlflow_runs
+from tests.conftest import logged_steps, mlflow_runs, python_script
 from tests.test_faults import start
 
 SMOKE = ["model=micro", "train=smoke"]
-
-
-def _create_store(home, ready):
-    import os
-    os.environ["DDL_HOME"] = str(home)
-    ready.wait()
-    from ddl.track import store
-    store.experiment_id("together")
+# A process that opens the home's store (creating it) once the file `go` exists, after saying it is ready.
+CREATE_STORE = """import os, sys, time
+from ddl.track import store
+ready, go = sys.argv[1:]
+open(ready, "w").close()
+while not os.path.exists(go):
+    time.sleep(0.002)
+store.experiment_id("together")
+"""
 
 
 @pytest.mark.slow
@@ -23,19 +26,21 @@ def _create_store(home, ready):
 def test_processes_creating_the_store_at_once_all_get_it(tmp_path, monkeypatch, cache):
     """A new SQLite store is created in the first process that opens it, from the user's schema template (which
     it makes, the cache being empty) or, where the cache cannot hold one, by MLflow's migrations in place; a
-    second process migrating the same store at once crashed inside the migration."""
+    second process migrating the same store at once crashed inside the migration. The three processes are
+    forked from the warm server, MLflow imported, as a sweep's jobs are, and wait for one another."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     if cache == "unusable":
         (tmp_path / "cache").write_text("a file, not a directory")
-    ctx = multiprocessing.get_context("spawn")
-    ready = ctx.Event()
-    procs = [ctx.Process(target=_create_store, args=(tmp_path / "home", ready)) for _ in range(3)]
-    for p in procs:
-        p.start()
-    ready.set()
-    for p in procs:
-        p.join(600)
-    assert [p.exitcode for p in procs] == [0, 0, 0]
+    script, go = tmp_path / "create_store.py", tmp_path / "go"
+    script.write_text(CREATE_STORE)
+    env = {**os.environ, "DDL_HOME": str(tmp_path / "home")}
+    procs = [subprocess.Popen([*python_script(script), str(tmp_path / f"ready{i}"), str(go)], env=env)
+             for i in range(3)]
+    deadline = time.monotonic() + 300
+    while not all((tmp_path / f"ready{i}").exists() for i in range(3)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    go.touch()
+    assert [p.wait(600) for p in procs] == [0, 0, 0]
     monkeypatch.setenv("DDL_HOME", str(tmp_path / "home"))
     from ddl.track import store
     assert store.client().get_experiment_by_name("together") is not None
