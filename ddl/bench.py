@@ -59,9 +59,12 @@ def relative_distance(grads: list[torch.Tensor], reference: list[torch.Tensor]) 
 
 class Arm:
     """One model of the bench: built from ARMS[name] at `shape`, with AdamW, on one fixed batch; `compile_` compiles
-    it per block (GPT.compile_blocks). On CUDA it runs under bf16 autocast and its steps are timed with CUDA events."""
+    it per block (GPT.compile_blocks, in torch.compile's `compile_mode`). On CUDA it runs under bf16 autocast and its
+    steps are timed with CUDA events, beside the host's time to launch them (host_times: a step whose launches take
+    as long as the GPU's work is host-bound)."""
 
-    def __init__(self, name: str, shape: dict, batch: int, seq: int, device: torch.device, compile_: bool):
+    def __init__(self, name: str, shape: dict, batch: int, seq: int, device: torch.device, compile_: bool,
+                 compile_mode: str | None = None):
         torch.manual_seed(0)
         self.name = name
         self.model = GPT(ModelConfig(**shape, **ARMS[name])).to(device)
@@ -69,12 +72,13 @@ class Arm:
         self.x = torch.randint(0, shape["vocab_size"], (batch, seq), device=device)
         self.device = device
         self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-        self.compiled = compile_
+        self.compiled, self.compile_mode = compile_, compile_mode
         self.gradient_error: float | None = None
         self.loops_error: float | None = None
         if compile_:
             self.gradient_error = self.compile()
         self.times: list[float] = []
+        self.host_times: list[float] = []
         self.memory = 0
 
     def gradients(self) -> list[torch.Tensor]:
@@ -93,24 +97,26 @@ class Arm:
         if self.device.type == "cuda" and self.model.cfg.residual == "ddl":
             with _environ(DDL_NATIVE_KERNELS="0"):
                 self.loops_error = relative_distance(self.gradients(), eager)
-        self.model.compile_blocks()
+        self.model.compile_blocks(mode=self.compile_mode)
         return relative_distance(self.gradients(), eager)
 
     def step(self) -> float:
-        """One training step's seconds: CUDA events around it on a GPU (no host sync inside), the host clock on CPU."""
+        """One training step's seconds: CUDA events around it on a GPU (no host sync inside), the host clock on CPU;
+        the host's seconds to launch it go to host_times."""
         cuda = self.device.type == "cuda"
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-        else:
-            begin = time.perf_counter()
+        begin = time.perf_counter()
+        torch.compiler.cudagraph_mark_step_begin()     # CUDA graphs: the last step's outputs are consumed
         with self.autocast:
             _, loss = self.model(self.x, self.x)
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.host_times.append(time.perf_counter() - begin)
         if not cuda:
-            return time.perf_counter() - begin
+            return self.host_times[-1]
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / 1e3
@@ -136,13 +142,15 @@ class Arm:
 
 
 def model_costs(device: torch.device, shape: dict, batch: int, seq: int, rounds: int, steps: int,
-                compile_: bool, names: list[str], warmup: int = 2, on_arm=None) -> dict:
-    """The arms `names` (the baseline first) alternating round by round: step time, memory, MFU; compiled, also
-    the seconds to the first step and the gradients' distance to eager. on_arm(name, row) after each arm's set-up."""
+                compile_: bool, names: list[str], warmup: int = 2, on_arm=None,
+                compile_mode: str | None = None) -> dict:
+    """The arms `names` (the baseline first) alternating round by round: step time, the host's time to launch a
+    step, memory, MFU; compiled (in `compile_mode`), also the seconds to the first step and the gradients' distance
+    to eager. on_arm(name, row) after each arm's set-up."""
     arms, first_step_s = [], {}
     for name in names:
         start = time.perf_counter()
-        arm = Arm(name, shape, batch, seq, device, compile_)
+        arm = Arm(name, shape, batch, seq, device, compile_, compile_mode)
         arm.step()                                     # compiled: the compile happens here
         first_step_s[name] = time.perf_counter() - start
         for _ in range(warmup - 1):
@@ -162,7 +170,9 @@ def model_costs(device: torch.device, shape: dict, batch: int, seq: int, rounds:
     for arm in arms:
         median = statistics.median(arm.times)
         params = arm.model.num_params()
-        rows[arm.name] = {"step_ms": 1e3 * median, "time_ratio": median / base_time, "tokens_per_s": tokens / median,
+        host = statistics.median(arm.host_times[-len(arm.times):])
+        rows[arm.name] = {"step_ms": 1e3 * median, "host_ms": 1e3 * host, "time_ratio": median / base_time,
+                          "tokens_per_s": tokens / median,
                           "memory_mib": arm.memory / 2 ** 20, "memory_ratio": arm.memory / base.memory,
                           "params": params, "mfu": training_flops(params, tokens) / median / peak if peak else None,
                           "first_step_s": first_step_s[arm.name], "gradient_error": arm.gradient_error,

@@ -1,9 +1,10 @@
 """`make gpu-check`: what a CPU cannot show, measured on a CUDA GPU in minutes.
 
 Parts (--parts, comma-separated; default `step,resume`):
-- step: the paper's small size in bf16, the arms baseline, DDL d_v=1 and d_v=4, each compiled per block
-  (GPT.compile_blocks): seconds to the first step, the compiled gradients against eager's, then 5 warm-up
-  and 20 timed steps each (CUDA events), the arms alternating in rounds of 5; step time, ratio to the
+- step: the paper's small size in bf16, the arms (--arms; default baseline, DDL d_v=1 and d_v=4), each compiled
+  per block (GPT.compile_blocks; --compile-mode reduce-overhead: with CUDA graphs): seconds to the first step, the
+  compiled gradients against eager's, then 5 warm-up and 20 timed steps each (CUDA events), the arms alternating
+  in rounds of 5; step time, the host's time to launch a step (as long as the step: host-bound), ratio to the
   baseline, MFU, step memory.
 - resume: a 200-step run of DDL d_v=4 at the small shape (embedded corpus) killed with SIGKILL after a
   checkpoint and resumed, against the same run uninterrupted: the steps continue from the checkpoint, no
@@ -17,8 +18,8 @@ summary.json is rewritten after every part (and every arm), so a check cut short
 Without a CUDA GPU it says so in one line and exits 0; `--device cpu` runs the parts on the CPU at
 `--size micro` (how the suite tests this harness).
 
-    python -m ddl.gpu_check [--parts step,resume] [--arms baseline,ddl_dv1,ddl_dv4] [--out DIR] [--size small]
-                            [--device cuda|cpu]
+    python -m ddl.gpu_check [--parts step,resume] [--arms baseline,ddl_dv1,ddl_dv4] [--compile-mode default]
+                            [--out DIR] [--size small] [--device cuda|cpu]
 """
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ class Check:
         paths.write_atomic(self.out / "summary.md", markdown(self.summary))
 
 
-def step_part(check: Check, device, size: str, arms: list[str]) -> dict:
-    """The arms at `size` (the baseline first), compiled per block, timed alternating (ddl.bench.model_costs)."""
+def step_part(check: Check, device, size: str, arms: list[str], compile_mode: str | None) -> dict:
+    """The arms at `size` (the baseline first), compiled per block in `compile_mode`, timed alternating
+    (ddl.bench.model_costs)."""
     import torch
 
     from .bench import model_costs
@@ -84,8 +86,9 @@ def step_part(check: Check, device, size: str, arms: list[str]) -> dict:
         check.record("step", {"set_up": set_up})
 
     rows = model_costs(device, shape, batch, seq, TIMED // ROUND, ROUND, True, arms, warmup=WARMUP,
-                       on_arm=on_arm)
-    return {"shape": {**shape, "batch": batch, "seq_len": seq}, "rows": rows, "targets": targets(rows)}
+                       on_arm=on_arm, compile_mode=compile_mode)
+    return {"shape": {**shape, "batch": batch, "seq_len": seq}, "compile_mode": compile_mode or "default",
+            "rows": rows, "targets": targets(rows)}
 
 
 def targets(rows: dict) -> dict:
@@ -331,12 +334,14 @@ def markdown(summary: dict) -> str:
              f"Parts: {', '.join(summary['parts'])}; {summary.get('seconds', 0):.0f} s so far.", ""]
     step = summary.get("step", {})
     if "rows" in step:
-        lines += [f"## Step: {machine.get('size', 'small')}, bf16 on CUDA, compiled per block", "",
-                  "| arm | step (ms) | x baseline | tokens/s | MFU | memory (MiB) | first step (s) | grad error |",
-                  "|---|---|---|---|---|---|---|---|"]
+        graphs = ", CUDA graphs (reduce-overhead)" if step.get("compile_mode") == "reduce-overhead" else ""
+        lines += [f"## Step: {machine.get('size', 'small')}, bf16 on CUDA, compiled per block{graphs}", "",
+                  "| arm | step (ms) | host launches (ms) | x baseline | tokens/s | MFU | memory (MiB) "
+                  "| first step (s) | grad error |", "|---|---|---|---|---|---|---|---|---|"]
         for arm, row in step["rows"].items():
             mfu = "-" if row["mfu"] is None else f"{row['mfu']:.1%}"
-            lines.append(f"| {arm} | {row['step_ms']:.1f} | {row['time_ratio']:.3f} | {row['tokens_per_s']:,.0f} "
+            lines.append(f"| {arm} | {row['step_ms']:.1f} | {row['host_ms']:.1f} | {row['time_ratio']:.3f} "
+                         f"| {row['tokens_per_s']:,.0f} "
                          f"| {mfu} | {row['memory_mib']:,.0f} | {row['first_step_s']:.1f} "
                          f"| {row['gradient_error']:.2e} |")
         lines += ["", "| target | value | bound | |", "|---|---|---|---|"]
@@ -380,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--arms", default=",".join(ARMS),
                         help="the step and profile parts' arms, the baseline first (ddl.bench's arms)")
+    parser.add_argument("--compile-mode", choices=("default", "reduce-overhead"), default="default",
+                        help="the step part's torch.compile mode (reduce-overhead: CUDA graphs)")
     args = parser.parse_args(argv)
     parts, arms = args.parts.split(","), args.arms.split(",")
     unknown = [part for part in parts if part not in PARTS]
@@ -409,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
                         "python": platform.python_version(), "size": size}, parts)
     for part in parts:
         if part == "step":
-            check.record("step", step_part(check, device, size, arms))
+            compile_mode = None if args.compile_mode == "default" else args.compile_mode
+            check.record("step", step_part(check, device, size, arms, compile_mode))
         elif part == "resume":
             check.record("resume", resume_part(out, size, args.device))
         elif part == "tests":

@@ -52,8 +52,8 @@ def test_a_resumed_curve_is_judged_continuous_finite_and_close():
 
 
 def test_the_targets_are_judged_from_the_step_rows():
-    row = {"step_ms": 40.0, "time_ratio": 1.0, "tokens_per_s": 4e5, "memory_mib": 1.0, "memory_ratio": 1.0,
-           "params": 1, "mfu": 0.41, "first_step_s": 9.0, "gradient_error": 0.01}
+    row = {"step_ms": 40.0, "host_ms": 39.5, "time_ratio": 1.0, "tokens_per_s": 4e5, "memory_mib": 1.0,
+           "memory_ratio": 1.0, "params": 1, "mfu": 0.41, "first_step_s": 9.0, "gradient_error": 0.01}
     rows = {"baseline": row, "ddl_dv1": {**row, "time_ratio": 1.04}, "ddl_dv4": {**row, "time_ratio": 1.12,
                                                                                "gradient_error": 0.9}}
     judged = gpu_check.targets(rows)
@@ -63,25 +63,29 @@ def test_the_targets_are_judged_from_the_step_rows():
     text = gpu_check.markdown({"machine": {"device": "GPU", "torch": "t", "triton": "3"}, "parts": ["step"],
                                "step": {"rows": rows, "targets": judged}})
     assert "| ddl_dv4 step / baseline | 1.12 | <= 1.10 | MISSED |" in text
+    assert "| baseline | 40.0 | 39.5 | 1.000 |" in text                           # step, host launches, ratio
     assert "| baseline MFU | 41.0% | >= 40% | met |" in text
 
 
 @pytest.mark.slow
 def test_its_parts_run_on_the_cpu_and_write_their_figures(tmp_path):
-    """The step part (compiled per block, the gradients checked against eager) and the resume part (a run killed
-    with SIGKILL and resumed) at the micro size on the CPU: the same code a GPU runs at small."""
+    """The step part (compiled per block in the mode that takes CUDA graphs on a GPU, the gradients checked against
+    eager) and the resume part (a run killed with SIGKILL and resumed) at the micro size on the CPU: the same code a
+    GPU runs at small."""
     out = tmp_path / "out"
     done = subprocess.run([*python_module("ddl.gpu_check"), "--device", "cpu", "--parts", "step,resume",
-                           "--out", str(out)], capture_output=True, text=True, timeout=900)
+                           "--compile-mode", "reduce-overhead", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
     summary = json.loads((out / "summary.json").read_text())
     rows = summary["step"]["rows"]
-    assert list(rows) == ["baseline", "ddl_dv1", "ddl_dv4"]
+    assert list(rows) == ["baseline", "ddl_dv1", "ddl_dv4"] and summary["step"]["compile_mode"] == "reduce-overhead"
     assert all(row["gradient_error"] < 1e-4 for row in rows.values()), rows      # fp32 on the CPU
+    assert all(0 < row["host_ms"] <= row["step_ms"] * 1.001 for row in rows.values()), rows   # the CPU: all host
     resume = summary["resume"]
     assert resume["ok"] and resume["continuous"] and resume["finite"], resume
     assert resume["killed_after_step"] >= gpu_check.RESUME_KILL_AFTER
     assert resume["largest_loss_difference"] < 1e-3                               # fp32: the same numbers
-    assert "## Step: micro, bf16 on CUDA, compiled per block" in (out / "summary.md").read_text()
+    assert "## Step: micro, bf16 on CUDA, compiled per block, CUDA graphs" in (out / "summary.md").read_text()
     assert done.returncode == 1, done.stdout                                      # no MFU on a CPU: MISSED
 
 

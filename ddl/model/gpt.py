@@ -261,13 +261,14 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
 
-    def compile_blocks(self, backend: str = "inductor") -> None:
+    def compile_blocks(self, backend: str = "inductor", mode: str | None = None) -> None:
         """torch.compile each block and the head in place, rather than the whole model: the blocks are the
         same code on parameters of the same shapes, so they share one compiled graph (block 0 of a DDL
-        model, which also takes the embedding's read, a second), and compiling takes seconds, not minutes."""
+        model, which also takes the embedding's read, a second), and compiling takes seconds, not minutes.
+        mode: torch.compile's ("reduce-overhead": CUDA graphs, a step's launches replayed at once)."""
         for block in self.blocks:
-            block.compile(fullgraph=True, backend=backend)
-        self.head = torch.compile(self.head, fullgraph=True, backend=backend)
+            block.compile(fullgraph=True, backend=backend, mode=mode)
+        self.head = torch.compile(self.head, fullgraph=True, backend=backend, mode=mode)
         # each of a block's graphs (block 0, the middle ones, the last; training, evaluation, the ranks' pass) counts
         # towards dynamo's recompile limit of its code, and past it fullgraph fails
         for name in ("recompile_limit", "cache_size_limit"):
