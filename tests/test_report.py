@@ -188,6 +188,9 @@ def test_at_equal_compute_the_costlier_row_is_read_where_its_cost_reaches_the_ch
     same = at_equal_compute(_runs("baseline", 0, 100, {"0": 2.1, "1": 2.2}), base, histories, "cpu")
     assert same.ratio == 1.0 and same.how == "one cost: as at equal tokens"   # a copy of the row: nothing stopped early
     assert same.difference.mean == pytest.approx((2.1 - 2.2 + 2.2 - 2.4) / 2)
+    last_only = histories[histories["step"] == 100]                  # validated at its last step only
+    unread = at_equal_compute(row, base, last_only, "cpu")
+    assert unread.difference is None and "no validation loss on both sides of that step" in unread.how
 
 
 def test_a_rows_cost_a_token_is_6n_and_the_delta_updates_own_or_a_recorded_step_time():

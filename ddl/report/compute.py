@@ -125,6 +125,8 @@ def at_equal_compute(row: pd.DataFrame, base: pd.DataFrame, histories: pd.DataFr
     a, b = _read(costlier, histories, at), _final(cheaper)
     how = (f"{cheaper_name} stopped early (at {100 / factor:.1f}% of the other's compute): the other read at step "
            f"{at:.0f} of {steps} of its curve")
+    if not a:
+        how += " (no validation loss on both sides of that step: a smaller train.eval_every logs one)"
     return AtCompute(_diff(a, b, sign, confidence, unit), r, how)
 
 

@@ -194,7 +194,8 @@ def _versus(label: str, row: _Row, base: _Row | None, histories, measure: str):
     compute = None if histories is None else at_equal_compute(row.confirmed, base.confirmed, histories, measure,
                                                              confidence=confidence, unit=_by_replicate)
     d = compute.difference if compute else None
-    return line + [relative_text(tokens), tokens.verdict(False) if tokens else "", relative_text(d),
+    at_compute = relative_text(d) or ("no paired value" if compute else "")
+    return line + [relative_text(tokens), tokens.verdict(False) if tokens else "", at_compute,
                    d.verdict(False) if d else "", f"cost ratio {compute.ratio:.3f}; {compute.how}" if compute else ""
                    ], tokens
 
