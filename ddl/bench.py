@@ -51,6 +51,12 @@ DRY_RUN = ["-m", "+sweep=paper_small", "hydra/launcher=slurm", "--dry-run"]
 PLAN_1000 = ["-m", "+variant=baseline,ddl_dv1,ddl_dv4,ddl_dv4_ec", "seed=range(0,250)", "model=micro", "--dry-run"]
 
 
+def arms_error(names: list[str]) -> str | None:
+    """The one-line refusal of an --arms list that names an arm not in ARMS, or None."""
+    unknown = [name for name in names if name not in ARMS]
+    return f"--arms: {','.join(unknown)} unknown; allowed: {', '.join(ARMS)}" if unknown else None
+
+
 def relative_distance(grads: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
     """|grads - reference| / |reference| over all of them (L2)."""
     diff = sum(float((a - b).square().sum()) for a, b in zip(grads, reference, strict=True))
@@ -64,7 +70,7 @@ class Arm:
     as long as the GPU's work is host-bound)."""
 
     def __init__(self, name: str, shape: dict, batch: int, seq: int, device: torch.device, compile_: bool,
-                 compile_mode: str | None = None):
+                 compile_mode: str = "default"):
         torch.manual_seed(0)
         self.name = name
         self.model = GPT(ModelConfig(**shape, **ARMS[name])).to(device)
@@ -143,7 +149,7 @@ class Arm:
 
 def model_costs(device: torch.device, shape: dict, batch: int, seq: int, rounds: int, steps: int,
                 compile_: bool, names: list[str], warmup: int = 2, on_arm=None,
-                compile_mode: str | None = None) -> dict:
+                compile_mode: str = "default") -> dict:
     """The arms `names` (the baseline first) alternating round by round: step time, the host's time to launch a
     step, memory, MFU; compiled (in `compile_mode`), also the seconds to the first step and the gradients' distance
     to eager. on_arm(name, row) after each arm's set-up."""
@@ -481,9 +487,8 @@ def main(argv: list[str] | None = None) -> int:
         return _write(out, "orchestrator", result, "\n".join(
             [f"# ddl bench: the orchestrator ({cpu_name()})", "", *orchestrator_table(result["orchestrator"]), ""]))
     names = ["baseline", *(name for name in args.arms.split(",") if name != "baseline")]
-    unknown = [name for name in names if name not in ARMS]
-    if unknown:
-        parser.error(f"--arms: {','.join(unknown)} unknown; allowed: {', '.join(ARMS)}")
+    if error := arms_error(names):
+        parser.error(error)
     if args.traffic:
         result = traffic_costs(names, args.size)
         return _write(out, "traffic", result, traffic_markdown(result))

@@ -69,7 +69,7 @@ class Check:
         paths.write_atomic(self.out / "summary.md", markdown(self.summary))
 
 
-def step_part(check: Check, device, size: str, arms: list[str], compile_mode: str | None) -> dict:
+def step_part(check: Check, device, size: str, arms: list[str], compile_mode: str) -> dict:
     """The arms at `size` (the baseline first), compiled per block in `compile_mode`, timed alternating
     (ddl.bench.model_costs)."""
     import torch
@@ -87,7 +87,7 @@ def step_part(check: Check, device, size: str, arms: list[str], compile_mode: st
 
     rows = model_costs(device, shape, batch, seq, TIMED // ROUND, ROUND, True, arms, warmup=WARMUP,
                        on_arm=on_arm, compile_mode=compile_mode)
-    return {"shape": {**shape, "batch": batch, "seq_len": seq}, "compile_mode": compile_mode or "default",
+    return {"shape": {**shape, "batch": batch, "seq_len": seq}, "compile_mode": compile_mode,
             "rows": rows, "targets": targets(rows)}
 
 
@@ -392,10 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [part for part in parts if part not in PARTS]
     if unknown:
         parser.error(f"--parts: {','.join(unknown)} unknown; allowed: {', '.join(PARTS)}")
-    from .bench import ARMS as BENCH_ARMS
-    unknown = [arm for arm in arms if arm not in BENCH_ARMS]
-    if unknown:
-        parser.error(f"--arms: {','.join(unknown)} unknown; allowed: {', '.join(BENCH_ARMS)}")
+    from .bench import arms_error
+    if error := arms_error(arms):
+        parser.error(error)
     if arms[0] != "baseline":
         parser.error(f"--arms: {args.arms} starts with {arms[0]}; allowed: baseline first (the ratios' reference)")
     import torch
@@ -416,8 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                         "python": platform.python_version(), "size": size}, parts)
     for part in parts:
         if part == "step":
-            compile_mode = None if args.compile_mode == "default" else args.compile_mode
-            check.record("step", step_part(check, device, size, arms, compile_mode))
+            check.record("step", step_part(check, device, size, arms, args.compile_mode))
         elif part == "resume":
             check.record("resume", resume_part(out, size, args.device))
         elif part == "tests":

@@ -163,8 +163,8 @@ class DeltaResidual(nn.Module):
         self.phi_k = nn.Linear(d, d, bias=False) if cfg.mapping == "v" else None
         self.further = nn.ModuleList(FurtherDeltaStep(cfg) for _ in range(cfg.n_h - 1))
         self.beta_bias_init = _logit(cfg.beta_init / 2.0)
-        self.update_steps = delta_kernels(cfg.kernels).update_steps
-        self.norm_projections = delta_kernels(cfg.kernels).norm
+        ops = delta_kernels(cfg.kernels)
+        self.update_steps, self.norm_projections = ops.update_steps, ops.norm
         self.last_betas: list[torch.Tensor] = []  # per step, (B,T,1), detached, for beta_stats()
         self.recording = False                    # keep every step's (k~, beta, v) too: the coordinate check's
         self.last_steps: list[tuple[torch.Tensor, ...]] = []

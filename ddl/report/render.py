@@ -60,7 +60,7 @@ def comparison(table: Table, key: str) -> tuple[list[str], list[list[str]]]:
             continue
         paper = [f"{cell.paper_relative[s]:+.2f}%" if s in cell.paper_relative else "" for s in sizes]
         d = cell.versus
-        compute = _at_compute(cell.compute) if at_compute else []
+        compute = at_compute_cells(cell.compute) if at_compute else []
         if d is None:
             lines.append([row_label(row), str(cell.n), f"no baseline run with a shared {table.unit}", "", ""] + compute
                          + paper + [""] * (table.unit == "seed"))
@@ -87,7 +87,7 @@ def relative_text(d) -> str:
     return f"{d.relative:+.1f}%{interval}"
 
 
-def _at_compute(found) -> list[str]:
+def at_compute_cells(found) -> list[str]:
     """The three cells of a loss at equal compute: its gap, its verdict and how it was read (the cost ratio)."""
     if found is None:
         return ["", "", ""]
