@@ -54,7 +54,7 @@ PLAN_1000 = ["-m", "+variant=baseline,ddl_dv1,ddl_dv4,ddl_dv4_ec", "seed=range(0
 def arms_error(names: list[str]) -> str | None:
     """The one-line refusal of an --arms list that names an arm not in ARMS, or None."""
     unknown = [name for name in names if name not in ARMS]
-    return f"--arms: {','.join(unknown)} unknown; allowed: {', '.join(ARMS)}" if unknown else None
+    return f"--arms: {', '.join(map(repr, unknown))} unknown; allowed: {', '.join(ARMS)}" if unknown else None
 
 
 def relative_distance(grads: list[torch.Tensor], reference: list[torch.Tensor]) -> float:

@@ -391,12 +391,12 @@ def main(argv: list[str] | None = None) -> int:
     parts, arms = args.parts.split(","), args.arms.split(",")
     unknown = [part for part in parts if part not in PARTS]
     if unknown:
-        parser.error(f"--parts: {','.join(unknown)} unknown; allowed: {', '.join(PARTS)}")
+        parser.error(f"--parts: {', '.join(map(repr, unknown))} unknown; allowed: {', '.join(PARTS)}")
     from .bench import arms_error
     if error := arms_error(arms):
         parser.error(error)
     if arms[0] != "baseline":
-        parser.error(f"--arms: {args.arms} starts with {arms[0]}; allowed: baseline first (the ratios' reference)")
+        parser.error(f"--arms: {args.arms!r} starts with {arms[0]!r}; allowed: baseline first (the ratios' reference)")
     import torch
     if args.device == "cuda" and not torch.cuda.is_available():
         print(f"gpu-check: no CUDA GPU on this machine (torch {torch.__version__}); nothing to check.")

@@ -24,14 +24,17 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_0(tmp_path):
 
 
 @pytest.mark.parametrize("argument, value, message", [
-    ("--parts", "step,bogus", "--parts: bogus unknown; allowed: step, resume, tests, profile, kernels"),
-    ("--arms", "baseline,ddl_dv9", "--arms: ddl_dv9 unknown; allowed: baseline, ddl_dv1, "),
-    ("--arms", "ddl_dv1,baseline", "--arms: ddl_dv1,baseline starts with ddl_dv1; allowed: baseline first")])
+    ("--parts", "step,bogus", "--parts: 'bogus' unknown; allowed: step, resume, tests, profile, kernels"),
+    ("--arms", "baseline,ddl_dv9", "--arms: 'ddl_dv9' unknown; allowed: baseline, ddl_dv1, "),
+    ("--arms", "baseline,,ddl_dv1", "--arms: '' unknown; allowed: baseline, ddl_dv1, "),
+    ("--arms", "baseline,ddl_dv1\nrm", "--arms: 'ddl_dv1\\nrm' unknown; allowed: "),
+    ("--arms", "ddl_dv1,baseline", "--arms: 'ddl_dv1,baseline' starts with 'ddl_dv1'; allowed: baseline first")])
 def test_an_unknown_part_or_arm_is_refused_in_one_line(tmp_path, argument, value, message):
     done = subprocess.run([*python_module("ddl.gpu_check"), argument, value, "--device", "cpu",
                            "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
-    assert message in done.stderr
+    [error] = [line for line in done.stderr.splitlines() if "error:" in line]       # argparse's usage, one error
+    assert message in error and error == done.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "out").exists()
 
 
