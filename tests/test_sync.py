@@ -222,6 +222,22 @@ def store_uri(home):
     return f"sqlite:///{home / 'mlflow.db'}"
 
 
+def test_a_sqlite_store_elsewhere_keeps_the_artifacts_beside_it_not_in_the_working_directory(
+        ddl_home, tmp_path, monkeypatch):
+    """MLflow's default for a new experiment in an SQLite store is ./mlruns of the calling process: a sync to a
+    lab's store file left checkpoints wherever it was started."""
+    from mlflow.tracking import MlflowClient
+    _journal_a_run(ddl_home, "sig1", "1" * 32)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    uri = store_uri(tmp_path / "lab")
+    assert sync.sync_home(ddl_home / "runs", uri).artifacts == 2
+    experiment = MlflowClient(uri).get_experiment_by_name("sync")
+    assert experiment.artifact_location == (tmp_path / "lab" / "mlartifacts" / "sync").as_uri()
+    assert len(list((tmp_path / "lab" / "mlartifacts" / "sync").rglob("model.pt"))) == 1
+    assert not list((tmp_path / "cwd").iterdir())
+
+
 @pytest.mark.parametrize("differs", ["param", "point"])
 def test_a_run_held_with_other_numbers_is_one_line_and_left_untouched(ddl_home, capsys, differs):
     client, run_id, journal = _store_run_with_part_of_its_journal(ddl_home, uid_points=0)

@@ -102,8 +102,8 @@ def _await_server(uri: str, where: str, patience_s: float) -> None:
 def _open_store(uri: str) -> None:
     """check(), then create the project's SQLite store under a file lock, so processes that start
     together do not race through MLflow's schema migration. MLflow's own "Default" experiment, which
-    every store has, keeps its (unused) artifacts in DDL_HOME/mlartifacts/0, as under `mlflow server
-    --default-artifact-root`, rather than in ./mlruns/0 of whatever directory created the store."""
+    every store has, keeps its (unused) artifacts in mlartifacts/0 beside the database (paths.artifacts_dir), as
+    under `mlflow server --default-artifact-root`, rather than in ./mlruns/0 of whatever directory created it."""
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
     check()
     if not uri.startswith("sqlite:///"):
@@ -116,7 +116,7 @@ def _open_store(uri: str) -> None:
             if not db.exists() and (template := _schema_template()):
                 with open(template, "rb") as schema:
                     paths.write_atomic(db, lambda f: shutil.copyfileobj(schema, f))
-            SqlAlchemyStore(uri, paths.artifacts_dir().as_uri())   # creates the schema and Default, or checks them
+            SqlAlchemyStore(uri, paths.artifacts_dir(uri).as_uri())   # creates the schema and Default, or checks them
     except OSError as err:
         raise StoreError(f"tracking store {db}: {err.strerror or err} (DDL_HOME={paths.home()})") from None
     except Exception as err:
@@ -194,7 +194,7 @@ def client():
 
 
 def experiment_id(name: str) -> str:
-    """Get or create the experiment (artifacts under DDL_HOME/mlartifacts unless a server decides).
+    """Get or create the experiment (a SQLite store's artifacts beside it, paths.artifacts_dir; a server decides).
     A deleted one is a ValueError: MLflow refuses runs there, and restoring it is the user's call."""
     c = client()
     found = c.get_experiment_by_name(name)
@@ -203,9 +203,8 @@ def experiment_id(name: str) -> str:
                          f"--experiment-id {found.experiment_id}) or choose another name")
     if found is not None:
         return found.experiment_id
-    location = None  # a team server decides; the project store keeps artifacts beside it in DDL_HOME
-    if paths.tracking_uri() == paths.project_store_uri():
-        location = (paths.artifacts_dir() / name).as_uri()
+    root = paths.artifacts_dir(paths.tracking_uri())
+    location = None if root is None else (root / name).as_uri()
     try:
         return c.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: TRAINING_KIND})
     except Exception:  # another job created it first
