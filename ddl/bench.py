@@ -65,12 +65,12 @@ def relative_distance(grads: list[torch.Tensor], reference: list[torch.Tensor]) 
 
 class Arm:
     """One model of the bench: built from ARMS[name] at `shape`, with AdamW, on one fixed batch; `compile_` compiles
-    it per block (GPT.compile_blocks, in torch.compile's `compile_mode`). On CUDA it runs under bf16 autocast and its
-    steps are timed with CUDA events, beside the host's time to launch them (host_times: a step whose launches take
-    as long as the GPU's work is host-bound)."""
+    it per block (GPT.compile_blocks, in torch.compile's `compile_mode`, by `compile_backend`). On CUDA it runs
+    under bf16 autocast and its steps are timed with CUDA events, beside the host's time to launch them
+    (host_times: a step whose launches take as long as the GPU's work is host-bound)."""
 
     def __init__(self, name: str, shape: dict, batch: int, seq: int, device: torch.device, compile_: bool,
-                 compile_mode: str = "default"):
+                 compile_mode: str = "default", compile_backend: str = "inductor"):
         torch.manual_seed(0)
         self.name = name
         self.model = GPT(ModelConfig(**shape, **ARMS[name])).to(device)
@@ -78,7 +78,7 @@ class Arm:
         self.x = torch.randint(0, shape["vocab_size"], (batch, seq), device=device)
         self.device = device
         self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-        self.compiled, self.compile_mode = compile_, compile_mode
+        self.compiled, self.compile_mode, self.compile_backend = compile_, compile_mode, compile_backend
         self.gradient_error: float | None = None
         self.loops_error: float | None = None
         if compile_:
@@ -103,7 +103,7 @@ class Arm:
         if self.device.type == "cuda" and self.model.cfg.residual == "ddl":
             with _environ(DDL_NATIVE_KERNELS="0"):
                 self.loops_error = relative_distance(self.gradients(), eager)
-        self.model.compile_blocks(mode=self.compile_mode)
+        self.model.compile_blocks(self.compile_backend, mode=self.compile_mode)
         return relative_distance(self.gradients(), eager)
 
     def step(self) -> float:
@@ -149,14 +149,14 @@ class Arm:
 
 def model_costs(device: torch.device, shape: dict, batch: int, seq: int, rounds: int, steps: int,
                 compile_: bool, names: list[str], warmup: int = 2, on_arm=None,
-                compile_mode: str = "default") -> dict:
+                compile_mode: str = "default", compile_backend: str = "inductor") -> dict:
     """The arms `names` (the baseline first) alternating round by round: step time, the host's time to launch a
-    step, memory, MFU; compiled (in `compile_mode`), also the seconds to the first step and the gradients' distance
-    to eager. on_arm(name, row) after each arm's set-up."""
+    step, memory, MFU; compiled (in `compile_mode`, by `compile_backend`), also the seconds to the first step and
+    the gradients' distance to eager. on_arm(name, row) after each arm's set-up."""
     arms, first_step_s = [], {}
     for name in names:
         start = time.perf_counter()
-        arm = Arm(name, shape, batch, seq, device, compile_, compile_mode)
+        arm = Arm(name, shape, batch, seq, device, compile_, compile_mode, compile_backend)
         arm.step()                                     # compiled: the compile happens here
         first_step_s[name] = time.perf_counter() - start
         for _ in range(warmup - 1):

@@ -2,7 +2,8 @@
 
 Parts (--parts, comma-separated; default `step,resume`):
 - step: the paper's small size in bf16, the arms (--arms; default baseline, DDL d_v=1 and d_v=4), each compiled
-  per block (GPT.compile_blocks; --compile-mode reduce-overhead: with CUDA graphs): seconds to the first step, the
+  per block (GPT.compile_blocks; --compile-mode reduce-overhead: with CUDA graphs; --compile-backend aot_eager:
+  dynamo and AOTAutograd without inductor's code, to tell their failures apart): seconds to the first step, the
   compiled gradients against eager's, then 5 warm-up and 20 timed steps each (CUDA events), the arms alternating
   in rounds of 5; step time, the host's time to launch a step (as long as the step: host-bound), ratio to the
   baseline, MFU, step memory.
@@ -19,7 +20,7 @@ Without a CUDA GPU it says so in one line and exits 0; `--device cpu` runs the p
 `--size micro` (how the suite tests this harness).
 
     python -m ddl.gpu_check [--parts step,resume] [--arms baseline,ddl_dv1,ddl_dv4] [--compile-mode default]
-                            [--out DIR] [--size small] [--device cuda|cpu]
+                            [--compile-backend inductor] [--out DIR] [--size small] [--device cuda|cpu]
 """
 
 from __future__ import annotations
@@ -69,9 +70,9 @@ class Check:
         paths.write_atomic(self.out / "summary.md", markdown(self.summary))
 
 
-def step_part(check: Check, device, size: str, arms: list[str], compile_mode: str) -> dict:
-    """The arms at `size` (the baseline first), compiled per block in `compile_mode`, timed alternating
-    (ddl.bench.model_costs)."""
+def step_part(check: Check, device, size: str, arms: list[str], compile_mode: str, compile_backend: str) -> dict:
+    """The arms at `size` (the baseline first), compiled per block in `compile_mode` by `compile_backend`, timed
+    alternating (ddl.bench.model_costs)."""
     import torch
 
     from .bench import model_costs
@@ -86,8 +87,9 @@ def step_part(check: Check, device, size: str, arms: list[str], compile_mode: st
         check.record("step", {"set_up": set_up})
 
     rows = model_costs(device, shape, batch, seq, TIMED // ROUND, ROUND, True, arms, warmup=WARMUP,
-                       on_arm=on_arm, compile_mode=compile_mode)
+                       on_arm=on_arm, compile_mode=compile_mode, compile_backend=compile_backend)
     return {"shape": {**shape, "batch": batch, "seq_len": seq}, "compile_mode": compile_mode,
+            "compile_backend": compile_backend,
             "rows": rows, "targets": targets(rows)}
 
 
@@ -335,6 +337,8 @@ def markdown(summary: dict) -> str:
     step = summary.get("step", {})
     if "rows" in step:
         graphs = ", CUDA graphs (reduce-overhead)" if step.get("compile_mode") == "reduce-overhead" else ""
+        if step.get("compile_backend", "inductor") != "inductor":
+            graphs += f", by {step['compile_backend']} (not inductor: no MFU to compare)"
         lines += [f"## Step: {machine.get('size', 'small')}, bf16 on CUDA, compiled per block{graphs}", "",
                   "| arm | step (ms) | host launches (ms) | x baseline | tokens/s | MFU | memory (MiB) "
                   "| first step (s) | grad error |", "|---|---|---|---|---|---|---|---|---|"]
@@ -387,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the step and profile parts' arms, the baseline first (ddl.bench's arms)")
     parser.add_argument("--compile-mode", choices=("default", "reduce-overhead"), default="default",
                         help="the step part's torch.compile mode (reduce-overhead: CUDA graphs)")
+    parser.add_argument("--compile-backend", choices=("inductor", "aot_eager", "eager"), default="inductor",
+                        help="the step part's torch.compile backend (aot_eager: dynamo and AOTAutograd without "
+                             "inductor's code generation, to tell a failure of one from the other)")
     args = parser.parse_args(argv)
     parts, arms = args.parts.split(","), args.arms.split(",")
     unknown = [part for part in parts if part not in PARTS]
@@ -415,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
                         "python": platform.python_version(), "size": size}, parts)
     for part in parts:
         if part == "step":
-            check.record("step", step_part(check, device, size, arms, args.compile_mode))
+            check.record("step", step_part(check, device, size, arms, args.compile_mode, args.compile_backend))
         elif part == "resume":
             check.record("resume", resume_part(out, size, args.device))
         elif part == "tests":
