@@ -62,10 +62,9 @@ def _covering(sets: list[list[str]]) -> list[list[str]]:
 def test_the_plan_composes_each_value_and_choice_of_groups_as_hydra_does(ddl_home, args):
     from hydra.core.utils import filter_overrides
 
-    from ddl.launch.compose import JobConfigs
     from ddl.launch.plan import make_plan
     with _multirun(args) as (launcher, sets):
-        configs = JobConfigs(launcher.hydra_context.config_loader, launcher.config)
+        configs = launcher.job_configs()                              # the plan's own, its bases composed here
         for overrides in sets:                                        # every job composes
             configs.fast(overrides)
         sets = sets if args == PRODUCT else _covering(sets)
@@ -79,12 +78,12 @@ def test_the_plan_composes_each_value_and_choice_of_groups_as_hydra_does(ddl_hom
 
 
 def test_the_product_composes_once_per_variant_and_size(ddl_home):
-    from ddl.launch.compose import JobConfigs
     with _multirun(PRODUCT) as (launcher, sets):
-        configs = JobConfigs(launcher.hydra_context.config_loader, launcher.config)
+        configs = launcher.job_configs()
         for overrides in sets:
             configs.fast(overrides)
-    assert len(sets) == 48 and len(configs.bases) == 8
+        launcher.plan(sets)                                           # a search's later rounds: no base again
+    assert len(sets) == 48 and len(configs.bases) == 8 and launcher.job_configs() is configs
 
 
 @pytest.mark.parametrize("sweep, message", [

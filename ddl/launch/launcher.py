@@ -64,11 +64,19 @@ class SweepLauncher(BaseSubmititLauncher):
         super().__init__(**params)
         self.max_parallel, self.gpu_memory_gib, self.warm_start = max_parallel, gpu_memory_gib, warm_start
         self.local_python: str | None = None     # submitit's local `python`: a warm server's client (ddl.launch.warm)
+        self._job_configs: JobConfigs | None = None
 
     # -- planning ---------------------------------------------------------------------------
+    def job_configs(self) -> JobConfigs:
+        """The sweep's compositions (ddl.launch.compose), kept while its config stays the one Hydra set up: a
+        search plans its rows, the ends of their ranges and each round's trials, all on the same groups."""
+        if self._job_configs is None or self._job_configs.master is not self.config:
+            self._job_configs = JobConfigs(self.hydra_context.config_loader, self.config)
+        return self._job_configs
+
     def plan(self, job_overrides: Sequence[Sequence[str]]) -> Plan:
         """Each override set's config as Hydra composes it (ddl.launch.compose); the plan is ddl.launch.plan's."""
-        configs = JobConfigs(self.hydra_context.config_loader, self.config)
+        configs = self.job_configs()
         return make_plan((list(filter_overrides(overrides)), configs(list(overrides))) for overrides in job_overrides)
 
     def check_fit(self, jobs: list[Job]) -> None:
