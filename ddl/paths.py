@@ -56,14 +56,17 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or project_store_uri()
 
 
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a `sqlite:///` store URI; None for any other store (a server's)."""
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
 def artifacts_dir(uri: str | None = None) -> Path | None:
     """Where a SQLite store (the project's unless `uri` names another) keeps its runs' artifacts: mlartifacts/
     beside its database, as DDL_HOME/mlartifacts beside DDL_HOME/mlflow.db, rather than MLflow's ./mlruns of
     whatever directory created an experiment. None for a server's store, whose server decides."""
-    uri = uri or project_store_uri()
-    if not uri.startswith("sqlite:///"):
-        return None
-    return Path(uri.removeprefix("sqlite:///").split("?")[0]).absolute().parent / "mlartifacts"
+    db = sqlite_file(uri or project_store_uri())
+    return None if db is None else db.absolute().parent / "mlartifacts"
 
 
 def reports_dir() -> Path:

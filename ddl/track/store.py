@@ -57,8 +57,7 @@ def check(patience_s: float = 0) -> None:
     waits up to `patience_s` for a server its launcher reached), a URI MLflow cannot use."""
     from mlflow.tracking import MlflowClient
     uri = paths.tracking_uri()
-    if uri.startswith("sqlite:///"):
-        db = Path(uri.removeprefix("sqlite:///"))
+    if (db := paths.sqlite_file(uri)) is not None:
         with contextlib.suppress(OSError):
             if db.stat().st_size and db.read_bytes()[:16] != SQLITE_HEADER:
                 raise StoreError(f"tracking store {db}: not an SQLite database (damaged); move it aside to start "
@@ -106,9 +105,8 @@ def _open_store(uri: str) -> None:
     under `mlflow server --default-artifact-root`, rather than in ./mlruns/0 of whatever directory created it."""
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
     check()
-    if not uri.startswith("sqlite:///"):
+    if (db := paths.sqlite_file(uri)) is None:
         return
-    db = Path(uri.removeprefix("sqlite:///"))
     try:
         db.parent.mkdir(parents=True, exist_ok=True)
         with open(db.with_name(db.name + ".lock"), "w") as lock:
@@ -169,8 +167,8 @@ def _at_mlflow_head(db: Path) -> bool:
 def exists() -> bool:
     """False while the project's SQLite store has not been created: a command that only reads then has
     nothing to read, and creates nothing."""
-    uri = paths.tracking_uri()
-    return not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).is_file()
+    db = paths.sqlite_file(paths.tracking_uri())
+    return db is None or db.is_file()
 
 
 def _first_line(err: BaseException) -> str:
