@@ -332,6 +332,7 @@ def test_sync_to_a_server_and_back(ddl_home, team_server, capsys, monkeypatch):
 @pytest.mark.parametrize("target, allowed", [
     ("http://ddl:s3cret@127.0.0.1:{port}", "no MLflow server answers"),
     ("ftp://ddl:s3cret@host/x", "not an MLflow tracking URI; allowed: sqlite:///<path>"),
+    ("postgresql://ddl:s3cret@host/x\nsqlite:///lab.db", "a control character (a newline?) in it; allowed: sqlite:///"),
 ])
 def test_a_target_that_cannot_be_used_is_one_line_without_its_password(ddl_home, capsys, monkeypatch, target, allowed):
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "s3cret-too")

@@ -344,8 +344,9 @@ def main(argv: list[str] | None = None) -> int:
                       "MLFLOW_TRACKING_URI or DDL_HOME's mlflow.db)")
     args = parser.parse_args(argv)
     target = paths.tracking_uri() if args.to is None else args.to
-    if not target.startswith(URI_SCHEMES):
-        print(f"ddl-track: error: --to={scrub(target, target)!r}: not an MLflow tracking URI; allowed: "
+    if not target.startswith(URI_SCHEMES) or not target.isprintable():
+        what = "not an MLflow tracking URI" if target.isprintable() else "a control character (a newline?) in it"
+        print(f"ddl-track: error: --to={scrub(target, target)!r}: {what}; allowed: "
               f"sqlite:///<path>, http(s)://<host>:<port>, postgresql://, mysql:// or mssql:// URIs", file=sys.stderr)
         return 2
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)   # no lines of its creating a store
