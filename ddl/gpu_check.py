@@ -236,9 +236,10 @@ def profile_part(out: Path, device, size: str, arms: list[str]) -> dict:
     return {"files": files}
 
 
-def kernels_part(device, size: str) -> dict:
+def kernels_part(device, size: str, compile_backend: str) -> dict:
     """Each Delta op's Triton kernel alone at `size` (d_v=4, bf16 state, 16 x 1024 tokens): median microseconds of 20
-    calls (CUDA events), its bytes (inputs + outputs, as ddl.traffic counts them) and the rate, beside a copy's."""
+    calls (CUDA events), its bytes (inputs + outputs, as ddl.traffic counts them) and the rate, beside a copy's; and
+    the fused norm beside the plain ops compiled by `compile_backend`."""
     import torch
 
     from .model import SIZES
@@ -310,12 +311,13 @@ def kernels_part(device, size: str) -> dict:
         rows[name] = {"us": us, "bytes": moved, "GB_per_s": moved / us / 1e3, "of_copy": moved / us * 1e6 / copy_rate,
                       "us_by_warps": by_warps}
     return {"shape": {"B": B, "T": T, "dv": dv, "d": d, "L": L}, "copy_GB_per_s": copy_rate / 1e9, "ops": rows,
-            "norm_step_us": norm_step(device, x, gain, W_c, W_x, timed)}
+            "norm_step_us": norm_step(device, x, gain, W_c, W_x, timed, compile_backend),
+            "compile_backend": compile_backend}
 
 
-def norm_step(device, x, gain, W_c, W_x, timed) -> dict:
+def norm_step(device, x, gain, W_c, W_x, timed, compile_backend: str) -> dict:
     """A sublayer's norm and gates forward and backward (bf16 autocast): the fused op against the plain ops compiled
-    by inductor, microseconds."""
+    by `compile_backend` (inductor, unless told), microseconds."""
     import torch
 
     from .model.fused import FusedNormProjections, eager
@@ -326,7 +328,7 @@ def norm_step(device, x, gain, W_c, W_x, timed) -> dict:
             c, l_c, l_x = fn(*inputs, 1e-5)
         (c.float().sum() + l_c.sum() + l_x.sum()).backward()
 
-    compiled = torch.compile(eager.norm_projections, fullgraph=True)
+    compiled = torch.compile(eager.norm_projections, fullgraph=True, backend=compile_backend)
     return {"fused": timed(step, FusedNormProjections.apply), "plain_compiled": timed(step, compiled)}
 
 
@@ -368,7 +370,8 @@ def markdown(summary: dict) -> str:
             f"{name} " + ", ".join(f"{w}: {us:.0f}" for w, us in row["us_by_warps"].items())
             for name, row in kernels["ops"].items()),
             "", f"A sublayer's norm and gates, forward and backward: {kernels['norm_step_us']['fused']:.0f} us fused, "
-                f"{kernels['norm_step_us']['plain_compiled']:.0f} us as plain ops compiled."]
+                f"{kernels['norm_step_us']['plain_compiled']:.0f} us as plain ops compiled by "
+                f"{kernels.get('compile_backend', 'inductor')}."]
         lines.append("")
     for part in ("tests", "profile"):
         if part in summary:
@@ -392,8 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile-mode", choices=("default", "reduce-overhead"), default="default",
                         help="the step part's torch.compile mode (reduce-overhead: CUDA graphs)")
     parser.add_argument("--compile-backend", choices=("inductor", "aot_eager", "eager"), default="inductor",
-                        help="the step part's torch.compile backend (aot_eager: dynamo and AOTAutograd without "
-                             "inductor's code generation, to tell a failure of one from the other)")
+                        help="the step part's and the kernels part's torch.compile backend (aot_eager: dynamo and "
+                             "AOTAutograd without inductor's code generation, to tell a failure of one from the other)")
     args = parser.parse_args(argv)
     parts, arms = args.parts.split(","), args.arms.split(",")
     unknown = [part for part in parts if part not in PARTS]
@@ -428,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         elif part == "tests":
             check.record("tests", tests_part(out))
         elif part == "kernels":
-            check.record("kernels", kernels_part(device, size))
+            check.record("kernels", kernels_part(device, size, args.compile_backend))
         else:
             check.record("profile", profile_part(out, device, size, arms))
     check.summary["done"] = True
