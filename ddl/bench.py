@@ -327,8 +327,8 @@ def _stop_group(process: subprocess.Popen, timeout_s: float = 60) -> None:
     process.wait()
 
 
-def logging_cost(step_s: float) -> dict:
-    """MLflowLogger.log_metrics with a DDL step's metrics every step, against a step's time.
+def logging_cost(step_s: float, calls: int = 300) -> dict:
+    """MLflowLogger.log_metrics with a DDL step's metrics every step, `calls` steps, against a step's time.
 
     Two figures: how long the training loop waits in the call (it hands batches to MLflow's
     logging thread), with 20 ms of other work between calls, far less than a step, so the thread
@@ -338,7 +338,6 @@ def logging_cost(step_s: float) -> dict:
     with tempfile.TemporaryDirectory() as home, _environ(DDL_HOME=home, MLFLOW_TRACKING_URI=None):
         metrics = {f"beta/L{i:02d}.{p}/{s}": 1.0 for i in range(4) for p in ("attn", "mlp")
                    for s in ("mean", "std", "frac_gt1")} | {"train/loss": 1.0, "train/lr": 1.0}
-        calls = 300
         waited, _ = _log_steps("bench-wait", metrics, calls, pause_s=0.02)
         in_calls, in_close = _log_steps("bench-work", metrics, calls, pause_s=0.0)
         work = (in_calls + in_close) / calls
@@ -468,7 +467,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="fewer rounds, for a smoke check")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer rounds on fewer tokens, fewer logging calls: a smoke check of the bench")
     parser.add_argument("--out", type=Path, default=None, help="where bench.{json,md} go (default reports/bench)")
     parser.add_argument("--arms", default=",".join(ARMS), help="the model arms, comma-separated (default: all; "
                         "the baseline always runs: every figure is a ratio to it)")
@@ -492,11 +492,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.traffic:
         result = traffic_costs(names, args.size)
         return _write(out, "traffic", result, traffic_markdown(result))
+    # --quick, a smoke check of the bench itself: 2 rounds of 1 step on a quarter of the tokens, 60 logging calls
     rounds, steps = (2, 1) if args.quick else (args.rounds, args.steps)
     reuses_memory = keep_freed_memory()               # as train() does: no page faults for reused activations
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
-    shape, batch, seq = CPU_SHAPE, 8, 256
+    shape, batch, seq = CPU_SHAPE, *((4, 128) if args.quick else (8, 256))
     result = {"machine": {"device": torch.cuda.get_device_name() if cuda else cpu_name(),
                           "torch": torch.__version__, "threads": torch.get_num_threads(),
                           "python": platform.python_version(),
@@ -511,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                                          steps, compile_, names)
     if not args.model:
         result["orchestrator"] = orchestrator_costs(runs, sweep_jobs)
-    result["logging"] = logging_cost(result["model"]["baseline"]["step_ms"] / 1e3)
+    result["logging"] = logging_cost(result["model"]["baseline"]["step_ms"] / 1e3, 60 if args.quick else 300)
     return _write(out, "bench", result, markdown(result))
 
 
