@@ -37,7 +37,12 @@ import time
 SOCKET_ENV = "DDL_WARM_SOCKET"       # a server already running (the test suite's): local sweeps fork from it
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 PRELOAD = ("torch", "torch._dynamo", "mlflow", "mlflow.store.tracking.sqlalchemy_store", "hydra", "omegaconf",
-           "submitit", "hydra_plugins.hydra_submitit_launcher.submitit_launcher")
+           "submitit", "hydra_plugins.hydra_submitit_launcher.submitit_launcher",
+           "mlflow.tracing.processor.base_mlflow", "mlflow.tracing.processor.otel",  # mlflow.set_tracking_uri's first
+           "rich.console", "rich.table")                                             # ddl.launch.table's live lines
+# Where installed (lm-eval's sacrebleu brings it): torch._dynamo's exit handler imports it in every process that
+# imported dynamo, every job (it reads WCWIDTH_PYTHON, which no job sets).
+OPTIONAL_PRELOAD = ("tabulate",)
 STDIO = 3
 MESSAGE = 1 << 20                    # the largest request (argv and environment), bytes
 
@@ -177,6 +182,7 @@ def _alive(pid: int) -> bool:
 def serve(path: str) -> dict | None:
     """Listen at `path`, preload, fork a child per request; in a child, return its request (the caller runs
     it). Returns None in the server once its stdin has closed (or SIGTERM came) and its children have ended."""
+    import inspect
     import selectors
     signal.signal(signal.SIGINT, signal.SIG_IGN)        # a terminal's Ctrl-C is the sweep's to handle
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -184,6 +190,12 @@ def serve(path: str) -> dict | None:
     listener.listen(64)                                 # clients queue while the imports run
     for module in PRELOAD:
         __import__(module)
+    for module in OPTIONAL_PRELOAD:
+        with contextlib.suppress(ImportError):
+            __import__(module)
+    # torch.library.register_fake (the C++ kernels' fakes) reads its caller's line through inspect, whose first
+    # lookup finds the real path of every module imported: found here once for the preloaded ones (~60 ms a job)
+    inspect.getmodule(None, _filename="")
     gc.freeze()         # a child's collections skip the preloaded heap, which then stays shared (no copy on write)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
