@@ -25,8 +25,8 @@ SAME = 1e-9        # differences within this relative spread are one value (floa
 @functools.lru_cache(maxsize=None)
 def t_quantile(n: int, confidence: float = CONFIDENCE) -> float:
     """The two-sided t quantile for a mean over n values (n - 1 degrees of freedom)."""
-    from scipy.stats import t
-    return float(t.ppf(0.5 + confidence / 2, n - 1))
+    from scipy.special import stdtrit           # scipy.stats' t.ppf, without importing scipy.stats (~0.7 s)
+    return float(stdtrit(n - 1, 0.5 + confidence / 2))
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,15 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from ..stats import Difference, paired
 
 
 def spent(t: float, alpha: float) -> float:
     """O'Brien-Fleming-type alpha spent by information fraction t (Lan and DeMets 1983)."""
-    from scipy.stats import norm
-    return float(2 - 2 * norm.cdf(norm.ppf(1 - alpha / 2) / math.sqrt(t)))
+    normal = NormalDist()
+    return 2 - 2 * normal.cdf(normal.inv_cdf(1 - alpha / 2) / math.sqrt(t))
 
 
 @functools.lru_cache(maxsize=None)
