@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH_CPU := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint report ui bench coord gpu-check reliability clean-runs
+.PHONY: install demo test test-fast lint bytecode report ui bench coord gpu-check reliability clean-runs
 
 # pip compiles each installed module to bytecode one file at a time, half of the install's CPU: it installs
 # without, and compileall compiles them on every core. A module for another Python (torch's py312_intrinsics)
@@ -33,14 +33,19 @@ demo: install
 # the tests of each private server (SLURM, the team's MLflow) share one worker (tests/conftest.py, docs/testing.md).
 PYTEST := $(BIN)/python -m pytest -q -n 3 --dist loadgroup
 
-test: install lint
+test: install lint bytecode
 	scripts/system-deps
 	$(PYTEST)
 
 # The contributor's loop: every test not marked slow (pyproject's markers). How the suite runs: docs/testing.md.
-test-fast: install lint
+test-fast: install lint bytecode
 	scripts/system-deps
 	$(PYTEST) -m "not slow"
+
+# The project's own modules compiled before the suite: where PYTHONDONTWRITEBYTECODE is set, each of the ~700
+# processes it starts (drivers, jobs, scripts) would compile the ddl modules it imports again.
+bytecode: install
+	$(BIN)/python -m compileall -q ddl hydra_plugins
 
 # pyflakes and bugbear at the project's line length (pyproject's [tool.ruff]).
 lint: install
