@@ -493,18 +493,18 @@ def main(argv: list[str] | None = None) -> int:
         result = traffic_costs(names, args.size)
         return _write(out, "traffic", result, traffic_markdown(result))
     # --quick, a smoke check of the bench itself: 2 rounds of 1 step on a quarter of the tokens, 60 logging calls
-    rounds, steps = (2, 1) if args.quick else (args.rounds, args.steps)
+    rounds, steps, batch, seq, logging_calls = \
+        (2, 1, 4, 128, 60) if args.quick else (args.rounds, args.steps, 8, 256, 300)
     reuses_memory = keep_freed_memory()               # as train() does: no page faults for reused activations
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
-    shape, batch, seq = CPU_SHAPE, *((4, 128) if args.quick else (8, 256))
     result = {"machine": {"device": torch.cuda.get_device_name() if cuda else cpu_name(),
                           "torch": torch.__version__, "threads": torch.get_num_threads(),
                           "python": platform.python_version(),
                           "keep_freed_memory": reuses_memory,
                           "fused_loops": loops_name(torch.empty(0, device=device))},
-              "config": {**shape, "batch": batch, "seq_len": seq}}
-    result["model"] = model_costs(device, shape, batch, seq, rounds, steps, False, names)
+              "config": {**CPU_SHAPE, "batch": batch, "seq_len": seq}}
+    result["model"] = model_costs(device, CPU_SHAPE, batch, seq, rounds, steps, False, names)
     if cuda:  # the paper's small size, bf16, compiled and not
         small = {**SIZES["small"], "vocab_size": ModelConfig.vocab_size}  # GPT-2's, padded
         for compile_ in (False, True):
@@ -512,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                                          steps, compile_, names)
     if not args.model:
         result["orchestrator"] = orchestrator_costs(runs, sweep_jobs)
-    result["logging"] = logging_cost(result["model"]["baseline"]["step_ms"] / 1e3, 60 if args.quick else 300)
+    result["logging"] = logging_cost(result["model"]["baseline"]["step_ms"] / 1e3, logging_calls)
     return _write(out, "bench", result, markdown(result))
 
 
