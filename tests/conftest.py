@@ -23,13 +23,12 @@ SLURM_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SINFO
 TEST_DEVICE = torch.device(os.environ.get("DDL_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def _share_the_cpus_between_workers() -> None:
+def _share_the_cpus_between(workers: int) -> None:
     """Each pytest-xdist worker, and every process its tests start, computes on its share of the CPUs
     (torch's and OpenMP's threads, DDL_CPUS for a job): with more workers than cores, a worker's
     second thread would only wait for a core another worker holds, and OpenMP's spinning threads
     burn it (an lm-eval test alone 13 s, beside another worker 108 s). Tests of thread counts set
     their own."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
     if workers > 1:
         threads = str(max(1, len(os.sched_getaffinity(0)) // workers))
         for var in ("OMP_NUM_THREADS", "DDL_CPUS"):
@@ -37,21 +36,24 @@ def _share_the_cpus_between_workers() -> None:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
-_share_the_cpus_between_workers()
+_share_the_cpus_between(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0))
 
 
-def _start_a_warm_server() -> list[str]:
-    """One warm server per worker (ddl.launch.warm), started after the CPU share is in the environment: the
+def _warm_server() -> list[str]:
+    """The suite's one warm server (ddl.launch.warm), started by the process that configures pytest first (xdist's
+    controller, whose workers inherit its DDL_WARM_SOCKET), after the CPU share is in the environment: the
     console scripts run_cli starts, and every local job of their sweeps, fork from it instead of importing
-    torch and MLflow again (~5 s of CPU each). Returns the command that runs a console script through it; []
-    where there is none (off Linux), and run_cli then starts it cold."""
+    torch and MLflow again (~5 s of CPU each; a server of its own per worker imported them once more each).
+    Returns the command that runs a console script through it; [] where there is none (off Linux), and run_cli
+    then starts it cold."""
     from ddl.launch import warm
     if not warm.supported():
         return []
-    server, path = warm.start_server()
-    atexit.register(server.stdin.close)          # it ends with its last child
-    os.environ[warm.SOCKET_ENV] = path
-    return [sys.executable, "-S", warm.__file__, path]
+    if not os.environ.get(warm.SOCKET_ENV):
+        server, path = warm.start_server()
+        atexit.register(server.stdin.close)          # it ends with its last child
+        os.environ[warm.SOCKET_ENV] = path
+    return [sys.executable, "-S", warm.__file__, os.environ[warm.SOCKET_ENV]]
 
 
 WARM: list[str] = []    # filled in by pytest_configure
@@ -78,14 +80,16 @@ def _import_triton_kernels_interpreted() -> None:
 
 
 def pytest_configure(config):
-    """What a process that runs tests sets up once: Triton's kernels interpreted, and the warm server. Not in
-    xdist's controller, which runs no test, nor in a process multiprocessing spawns, which imports a test module
-    (and so this file) without configuring pytest: each would import torch, triton and MLflow for nothing."""
+    """What a process that runs tests sets up once: Triton's kernels interpreted, and the warm server. xdist's
+    controller, which runs no test, starts the server its workers share, in their share of the CPUs; no process
+    multiprocessing spawns, which imports a test module (and so this file) without configuring pytest."""
     if config.getoption("dist", "no") != "no" and not hasattr(config, "workerinput"):
+        _share_the_cpus_between(config.getoption("numprocesses") or 0)
+        _warm_server()
         return
     if TEST_DEVICE.type == "cpu":
         _import_triton_kernels_interpreted()
-    WARM[:] = _start_a_warm_server()
+    WARM[:] = _warm_server()
 
 
 # The suite runs on three pytest-xdist workers (make test). The tests that start private servers run in two
