@@ -10,15 +10,16 @@ STAMP  := $(VENV)/.installed
 .PHONY: install demo test test-fast lint bytecode report ui bench coord gpu-check reliability clean-runs
 
 # pip compiles each installed module to bytecode one file at a time, half of the install's CPU: it installs
-# without, and compileall compiles them on every core. A module for another Python (torch's py312_intrinsics)
-# fails to compile there, as it does, silently, under pip.
+# without, and compileall compiles them on every core, but for the packages' own test suites (a fifth of the
+# source, never imported). A module for another Python (torch's py312_intrinsics) fails to compile there, as
+# it does, silently, under pip.
 SITE_PACKAGES = $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	command -v nvidia-smi >/dev/null 2>&1 || $(BIN)/python -m pip install -q --no-compile $(TORCH_CPU)
 	$(BIN)/python -m pip install -q --no-compile -e '.[dev]'
-	$(BIN)/python -m compileall -qq -j 0 "$(SITE_PACKAGES)" || true
+	$(BIN)/python -m compileall -qq -j 0 -x '/site-packages/.+/tests?/' "$(SITE_PACKAGES)" || true
 	touch $@
 
 install: $(STAMP)
