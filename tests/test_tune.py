@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -272,6 +273,29 @@ def test_the_report_shows_what_tuning_changed(searched, tmp_path):
     line = next(line for line in tuned.splitlines() if line.startswith("| DDL (d_v=4) | 2 | "))
     assert "cost ratio 1.0" in line and "the baseline stopped early" in line      # at equal compute, from the curve
     assert "a gap at a shared learning rate" in (report / "table3.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_batterys_search_damages_fit_a_search_of_replicates(searched, tmp_path, monkeypatch):
+    """make reliability's damaged search records (scripts/hostile-inputs, minutes of searches of its own) applied to
+    a copy of this module's store, a search of 2 rows x 2 replicates: each finds the record it damages. Written for
+    one parent a row, the battery once stopped at the deleted parent with a traceback."""
+    import importlib.machinery
+    import importlib.util
+    import shutil
+    path = Path(__file__).resolve().parent.parent / "scripts" / "hostile-inputs"
+    loader = importlib.machinery.SourceFileLoader("hostile_inputs", str(path))
+    battery = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(battery)
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(searched[-1] / "mlflow.db", home / "mlflow.db")
+    monkeypatch.setenv("DDL_HOME", str(home))               # the battery's client sets it too: restored after
+    parents = len(battery.search_runs(home, "search"))
+    for _, damage in battery.search_damages():
+        damage(home)
+    assert len(battery.search_runs(home, "search")) == parents - 1 == 3
+    assert len(mlflow_runs("elsewhere")) == 1
 
 
 @pytest.mark.slow
