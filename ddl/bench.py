@@ -327,7 +327,7 @@ def _stop_group(process: subprocess.Popen, timeout_s: float = 60) -> None:
     process.wait()
 
 
-def logging_cost(step_s: float, calls: int = 300) -> dict:
+def logging_cost(step_s: float, calls: int) -> dict:
     """MLflowLogger.log_metrics with a DDL step's metrics every step, `calls` steps, against a step's time.
 
     Two figures: how long the training loop waits in the call (it hands batches to MLflow's
