@@ -342,10 +342,10 @@ def test_two_homes_on_the_team_server_continue_one_search(team_server, tmp_path)
 def test_two_homes_racing_one_search_make_one_parent_each_trial_and_confirmation_once(team_server, tmp_path):
     """Two homes start the same search at the same moment on the team server: the parent run, each trial number
     and each confirmation run are claimed like a signature, so each row has one parent, tune.trials trials with
-    distinct numbers and seeds - 1 confirmation runs, and every run trained once (each home waits for the
-    other's). The space is a choice, so every best is bracketed and confirmed: over a range, which trial is best
-    hangs on losses a thousandth apart, and a best at the range's edge (no bracket trials here) is confirmed by
-    neither home."""
+    distinct numbers and tune.seeds confirmation runs (fresh seeds), and every run trained once (each home waits
+    for the other's). The space is a choice, so every best is bracketed and confirmed: over a range, which trial is
+    best hangs on losses a thousandth apart, and a best at the range's edge (no bracket trials here) is confirmed
+    by neither home."""
     from mlflow.tracking import MlflowClient
     search = ["-m", "residual=ddl,baseline", "dv=4", "train.lr=choice(3e-3, 1e-2, 3e-2, 1e-1, 3e-1)", "tune.trials=4",
               "tune.seeds=2", "tune.replicates=1", "tune.bracket_trials=0", "tune.pruner=none", "model=micro",
