@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from tests.conftest import assert_two_ranks_trained, mlflow_runs, run_cli
+from tests.conftest import ROOT, assert_two_ranks_trained, mlflow_runs, run_cli
 
 SMOKE = ["model=micro", "train=smoke"]
 
@@ -277,9 +277,8 @@ def test_an_installed_wheel_finds_its_configs(tmp_path):
     import subprocess
     import sys
     import zipfile
-    from pathlib import Path
     source = tmp_path / "source"     # setuptools builds in the source tree: a copy keeps build/ out of the checkout
-    shutil.copytree(Path(__file__).resolve().parent.parent, source,
+    shutil.copytree(ROOT, source,
                     ignore=shutil.ignore_patterns(".*", "build", "reports", "*.egg-info", "__pycache__", "mlruns"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     str(tmp_path), str(source)], check=True, capture_output=True)

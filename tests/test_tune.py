@@ -8,11 +8,10 @@ import json
 import os
 import signal
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import VENV_BIN, console_script, logged_steps, mlflow_runs, python_module, run_cli
+from tests.conftest import ROOT, VENV_BIN, console_script, logged_steps, mlflow_runs, python_module, run_cli
 
 SEARCH = ["residual=ddl,baseline", "dv=4", "train.lr=tag(log, interval(3e-4, 3e-2))", "model=micro", "train=smoke",
           "train.steps=20", "tune.trials=3", "tune.seeds=1", "tune.replicates=2", "experiment=tuned"]
@@ -283,8 +282,7 @@ def test_the_batterys_search_damages_fit_a_search_of_replicates(searched, tmp_pa
     import importlib.machinery
     import importlib.util
     import shutil
-    path = Path(__file__).resolve().parent.parent / "scripts" / "hostile-inputs"
-    loader = importlib.machinery.SourceFileLoader("hostile_inputs", str(path))
+    loader = importlib.machinery.SourceFileLoader("hostile_inputs", str(ROOT / "scripts" / "hostile-inputs"))
     battery = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
     loader.exec_module(battery)
     home = tmp_path / "home"
