@@ -19,6 +19,7 @@ from typing import Mapping
 CONFIDENCE = 0.95
 BETTER, WORSE, NOT_RESOLVED = "better", "worse", "not resolved"
 MAX_SEEDS = 1000   # seeds_to_resolve gives up beyond this
+POWER = 0.8        # the chance a planned comparison resolves a true gap of its detectable size
 SAME = 1e-9        # differences within this relative spread are one value (float rounding)
 
 
@@ -81,6 +82,32 @@ def seeds_to_resolve(std: float, effect: float, confidence: float = CONFIDENCE) 
         if t_quantile(n, confidence) * std / math.sqrt(n) < abs(effect):
             return n
     return None
+
+
+def power_of(shift: float, n: int, alpha: float = 1 - CONFIDENCE) -> float:
+    """The chance a two-sided paired t test over n units at level alpha resolves a true mean difference of `shift`
+    sds of a unit's difference (the noncentral t's tails, scipy.special's nctdtr)."""
+    from scipy.special import nctdtr
+    q, nc = t_quantile(n, 1 - alpha), shift * math.sqrt(n)
+    return float(1 - nctdtr(n - 1, nc, q) + nctdtr(n - 1, nc, -q))
+
+
+def detectable(std: float, n: int, alpha: float = 1 - CONFIDENCE, power: float = POWER) -> float | None:
+    """The smallest true mean difference a two-sided paired t test over n units, each difference of sd `std`,
+    resolves at level alpha with chance `power` (exact, from the noncentral t, by bisection from the normal
+    approximation's (t_{1-alpha/2} + t_power) std / sqrt(n)). None under two units."""
+    if n < 2:
+        return None
+    low, high = 0.0, 2 * (t_quantile(n, 1 - alpha) + t_quantile(n, 2 * power - 1)) / math.sqrt(n)
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if power_of(mid, n, alpha) < power else (low, mid)
+    return high * std
+
+
+def units_to_detect(std: float, gap: float, alpha: float = 1 - CONFIDENCE, limit: int = MAX_SEEDS) -> int | None:
+    """The fewest units whose detectable difference (above) is at most |gap|; None beyond `limit`."""
+    return next((n for n in range(2, limit + 1) if detectable(std, n, alpha) <= abs(gap)), None)
 
 
 @dataclass(frozen=True)

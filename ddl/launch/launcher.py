@@ -31,7 +31,7 @@ from .. import paths
 from ..text import plural
 from ..track.filesystems import warn_if_sqlite_on_network
 from ..train.signals import DeferredSignals
-from . import cluster, data_jobs, status, warm
+from . import cluster, data_jobs, power, status, warm
 from .compose import JobConfigs
 from .configs import ConfigError
 from .plan import Plan, make_plan
@@ -135,14 +135,17 @@ class SweepLauncher(BaseSubmititLauncher):
                     raise ConfigError(f"hydra.launcher.{key}={value!r}: must be printable, on one line")
             progress_seconds()                       # a bad DDL_PROGRESS_S or DDL_LOST_AFTER_S is one line,
             cluster.lost_after_seconds()             # before anything runs
-            plan = self.plan(job_overrides)
+            gpus = self.params.get("gpus_per_node") or 0
+            plan, resolves = power.plan_seeds(self, self.plan(job_overrides), gpus)
             self.check_fit(plan.jobs)
             print(plan.headline())
             needs = self.missing_data(plan.jobs)
             if self.config.dry_run:
-                job_table(plan.jobs, self.params.get("gpus_per_node") or 0, self.bound(len(plan.jobs)),
-                          self.params.get("cpus_per_task") or 1, data_jobs.plan(needs, self)).print()
+                job_table(plan.jobs, gpus, self.bound(len(plan.jobs)), self.params.get("cpus_per_task") or 1,
+                          data_jobs.plan(needs, self)).print()
+                print("\n".join(resolves))
                 return []
+            print("\n".join(resolves), flush=True)
             if needs and self._EXECUTOR == "local":   # here, first, on the machine's cores: a bad source leaves
                 data_jobs.prepare_here(needs)           # nothing (this block's refusal)
             self.prepare_store({j.experiment for j in plan.jobs})

@@ -96,6 +96,8 @@ RunSchema = _schema("RunSchema", [
     *_keys(ModelConfig, AXES, default="yaml"), *_keys(RunConfig, ["seed", "replica"], default="yaml"),
     ("experiment", str, dataclasses.field(default=MISSING)),    # the MLflow experiment (one per sweep)
     ("dry_run", bool, dataclasses.field(default=MISSING)),      # print the job table, launch nothing
+    ("detect", Optional[float], dataclasses.field(default=None)),   # the gap to resolve, a share of the baseline's
+    ("seed_sd", Optional[float], dataclasses.field(default=None)),  # loss; a seed's sd (nats) where the store has none
 ])
 
 

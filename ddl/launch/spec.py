@@ -15,7 +15,7 @@ from ..model import SIZES, ModelConfig, ddl_extra_params, model_config, param_co
 from ..model.config import DDL_KNOBS
 from ..train import RunConfig, TrainConfig
 from ..tune.config import TuneConfig
-from ..validation import safe_name
+from ..validation import is_finite, safe_name
 from .configs import ConfigError
 from .schema import AXES, undeclared, unknown_key
 
@@ -64,6 +64,17 @@ def tune_config(cfg: DictConfig) -> TuneConfig:
         raise ConfigError(str(err)) from None
 
 
+def power_goal(cfg: DictConfig) -> tuple[float | None, float | None]:
+    """(detect, seed_sd): the gap a sweep is sized for, a share of the baseline's loss, and a seed's sd in nats."""
+    detect, seed_sd = cfg.get("detect"), cfg.get("seed_sd")
+    if detect is not None and not (is_finite(detect) and 0 < detect < 1):
+        raise ConfigError(f"detect={detect!r}: must be a share of the baseline's loss in (0, 1), e.g. 0.0066 "
+                          f"(the paper's d_v=4 gain at small)")
+    if seed_sd is not None and not (is_finite(seed_sd) and seed_sd > 0):
+        raise ConfigError(f"seed_sd={seed_sd!r}: must be a number of nats > 0 (a seed's sd of the final loss)")
+    return detect, seed_sd
+
+
 def experiment_name(cfg: DictConfig) -> str:
     """The MLflow experiment (also a directory name under reports/ and mlartifacts/)."""
     return valid_experiment(cfg.experiment)
@@ -110,13 +121,16 @@ class Job:
     label: str = ""     # the settings that tell it from the sweep's other jobs of its row (plan.label_jobs)
     tuning: TuneConfig = field(default_factory=TuneConfig)    # a search's settings, and its trial's identity
     searched: dict = field(default_factory=dict)              # a search's job: its searched keys' values
+    detect: float | None = None       # the sweep's goal: a gap to resolve, a share of the baseline's loss
+    seed_sd: float | None = None      # ... and a seed's sd (nats), where the store has none (ddl.launch.power)
 
     @classmethod
     def from_config(cls, cfg: DictConfig, overrides: list[str] = ()) -> "Job":
         """The validated job of one composed config: every error is one ConfigError line."""
         tuning = tune_config(cfg)
+        detect, seed_sd = power_goal(cfg)
         job = cls(list(overrides), run_config(cfg), experiment_name(cfg), eval_config(cfg), tuning=tuning,
-                  searched={key: OmegaConf.select(cfg, key) for key in tuning.keys})
+                  searched={key: OmegaConf.select(cfg, key) for key in tuning.keys}, detect=detect, seed_sd=seed_sd)
         data = job.run.data
         if OFFLINE_TASK in job.evaluation.tasks and data.source == "embedded" and data.val_fraction < HELD_OUT:
             raise ConfigError(f"data.val_fraction={data.val_fraction}: must be >= {HELD_OUT} with eval task "

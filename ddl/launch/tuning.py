@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from ..text import plural
 from ..tune.config import TuneConfig
 from ..tune.space import Dimension
+from . import power
 from .configs import ConfigError
 from .spec import Job, row_name, size_name
 
@@ -107,14 +108,17 @@ def replicates_of(row: RowSearch, rows: list[RowSearch]) -> list[RowSearch]:
 
 def run(launcher, row_overrides: list[list[str]], space: list[Dimension]) -> list:
     """The searches of every row, then the confirmation; the dry run prints the plan and launches nothing."""
-    rows = plan_rows(launcher, row_overrides, space)
+    with launcher.refusal_leaves_nothing():
+        rows, resolves = _sized(launcher, row_overrides, space)
     tuning = rows[0].job.tuning
     if launcher.config.dry_run:
         from . import data_jobs
         from .table import search_plan_table
         data = data_jobs.search_sentence(data_jobs.missing([row.job for row in rows]), launcher)
         search_plan_table(rows, tuning, launcher, data).print()
+        print("\n".join(resolves))
         return []
+    print("\n".join(resolves), flush=True)
     from ..track import searches
     from .launcher import SweepFailed
     launcher.prepare_store({row.job.experiment for row in rows})
@@ -133,6 +137,52 @@ def run(launcher, row_overrides: list[list[str]], space: list[Dimension]) -> lis
     except searches.DamagedSearch as err:
         raise SweepFailed(str(err)) from None
     return []
+
+
+def _sized(launcher, row_overrides: list[list[str]], space: list[Dimension]) -> tuple[list[RowSearch], list[str]]:
+    """The rows, their replicates and seeds sized by `detect=` where given (ddl.launch.power), and the lines saying
+    what each compared row can resolve."""
+    from ..tune.sequential import look_levels
+    rows = plan_rows(launcher, row_overrides, space)
+    detect, seed_sd = power.goal([row.job for row in rows])
+    pairs = _compared(rows)
+    if not pairs:
+        if detect is not None:
+            raise ConfigError(f"detect={detect:g}: the sweep compares no row with its baseline "
+                              f"({', '.join(row.name for row in rows if row.replicate == 0)}); detect sizes a "
+                              f"comparison")
+        return rows, []
+    spreads = {id(base): power.spread(base.job, seed_sd) for _, base in pairs}
+    tuning, sized = rows[0].job.tuning, []
+    if detect is not None:
+        design = max((power.design_needed(spreads[id(base)], detect, tuning.alpha, tuning.max_seeds,
+                                          tuning.trials + tuning.bracket_trials,
+                                          power.pilot_text(base.job, _gpus(launcher))) for _, base in pairs),
+                     key=lambda d: d.units * (tuning.trials + tuning.bracket_trials + d.seeds))
+        rows = plan_rows(launcher, [[*o, f"tune.replicates={design.units}", f"tune.seeds={design.seeds}"]
+                                    for o in row_overrides], space)
+        pairs, tuning = _compared(rows), rows[0].job.tuning
+        spreads = {id(base): power.spread(base.job, seed_sd) for _, base in pairs}
+        sized = [f"ddl-run: detect={detect:g} sizes each row at tune.replicates={design.units} "
+                 f"tune.seeds={design.seeds} (the cheapest in runs, seeds at most tune.max_seeds={tuning.max_seeds})"]
+    level = look_levels(tuning.seed_plan, tuning.alpha)[-1]
+    design = power.Design(tuning.replicates, tuning.seed_plan[-1], level, searched=True)
+    by_base: dict[int, list] = {}
+    for first, base in pairs:
+        by_base.setdefault(id(base), []).append((first.job, design))
+    bases = {id(base): base for _, base in pairs}
+    return rows, sized + [line for key, designs in by_base.items()
+                          for line in power.statement(designs, spreads[key],
+                                                      power.pilot_text(bases[key].job, _gpus(launcher)))]
+
+
+def _gpus(launcher) -> int:
+    return launcher.params.get("gpus_per_node") or 0
+
+
+def _compared(rows: list[RowSearch]) -> list[tuple[RowSearch, RowSearch]]:
+    """(a row's first replicate, its baseline's) for each row compared with a tuned baseline."""
+    return [(first, base) for first in rows if first.replicate == 0 and (base := baseline_of(first, rows))]
 
 
 def plan_rows(launcher, row_overrides: list[list[str]], space: list[Dimension]) -> list[RowSearch]:

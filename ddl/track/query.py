@@ -41,3 +41,13 @@ def load_histories(run_ids: list[str], keys: list[str]) -> pd.DataFrame:
     rows = [(run_id, key, m.step, m.value) for run_id in run_ids for key in keys
             for m in c.get_metric_history(run_id, key)]
     return pd.DataFrame(rows, columns=["run_id", "key", "step", "value"])
+
+
+def finished_like(params: dict[str, str]) -> pd.DataFrame:
+    """Every experiment's FINISHED ddl runs whose params hold these values (e.g. a size, its data and schedule),
+    as load_runs' frame; empty where the store has none (a plan's look, which writes nothing)."""
+    import mlflow
+    client()
+    where = " and ".join([f"tags.`{SIGNATURE_TAG}` != ''", "attributes.status = 'FINISHED'",
+                          *(f"params.`{key}` = '{value}'" for key, value in params.items())])
+    return mlflow.search_runs(search_all_experiments=True, filter_string=where, output_format="pandas")
