@@ -89,7 +89,8 @@ def power_of(shift: float, n: int, alpha: float = 1 - CONFIDENCE) -> float:
     sds of a unit's difference (the noncentral t's tails, scipy.special's nctdtr)."""
     from scipy.special import nctdtr
     q, nc = t_quantile(n, 1 - alpha), shift * math.sqrt(n)
-    return float(1 - nctdtr(n - 1, nc, q) + nctdtr(n - 1, nc, -q))
+    wrong_side = float(nctdtr(n - 1, nc, -q))          # below 1e-16 for a large shift, where scipy may give nan
+    return float(1 - nctdtr(n - 1, nc, q)) + (0.0 if math.isnan(wrong_side) else wrong_side)
 
 
 def detectable(std: float, n: int, alpha: float = 1 - CONFIDENCE, power: float = POWER) -> float | None:
