@@ -109,3 +109,20 @@ def test_a_goal_beyond_max_seeds_names_what_would_reach_it(ddl_home):
     assert_one_line(out, "ddl-run: error: ", f"needs {n} seeds a row at a paired sd of 0.0141 nats, over "
                                              f"tune.max_seeds=9: set tune.max_seeds={n}, or detect >= ")
     assert_nothing_created(ddl_home)
+
+
+def test_a_store_of_the_papers_numbers_logged_by_hand_reports(ddl_home):
+    """Table 3 as finished runs with only model.size, model.row and seed: the report pairs them, says one seed
+    resolves no gap beside the paper's, and has no equal-compute value for runs with no parameter count."""
+    from ddl.report.tables import paper_values
+    paper = paper_values()
+    losses = paper[(paper["table"] == "table3") & (paper["metric"] == "val_loss")]
+    for size, rows in losses.groupby("size"):
+        log_runs("paper", {(row, 0): float(v) for row, v in zip(rows["model"], rows["value"], strict=True)},
+                 {"model.size": size})
+    out = run_cli("ddl-report", "--experiment", "paper", "--out", str(ddl_home.parent / "reports"))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Traceback" not in out.stdout + out.stderr and "Small valid loss against the baseline" in out.stdout
+    table = (ddl_home.parent / "reports" / "paper" / "table3.md").read_text()
+    assert "| DDL (d_v=4) | 1 | -0.0188 | -0.66% | not resolved (one seed: resolves no gap; the paper's gap at small " \
+           "is -0.66%) | no paired value |  | a run logged no parameter count (params.model.params) |" in table

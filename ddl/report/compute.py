@@ -33,7 +33,7 @@ class UnknownCost(ValueError):
 @dataclass
 class AtCompute:
     difference: Difference | None
-    ratio: float                  # the row's cost a token over its baseline's
+    ratio: float | None           # the row's cost a token over its baseline's (None: a run logged no size)
     how: str                      # how it was read: measured, or off which curve at which step
 
 
@@ -54,10 +54,18 @@ def model_of(run: pd.Series) -> SimpleNamespace:
     return model
 
 
-def ratio(row: pd.Series, base: pd.Series, measure: str) -> float:
-    """A row's cost a token over its baseline's; UnknownCost where the measure has no figure for its arm."""
-    found = cost_ratio(model_of(row), model_of(base), int(row["params.model.params"]),
-                       int(base["params.model.params"]), measure)
+def param_count(run: pd.Series) -> int | None:
+    """The run's logged parameter count; None for a run that logged none (imported, or logged by hand)."""
+    value = run.get("params.model.params")
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else int(value)
+
+
+def ratio(row: pd.Series, base: pd.Series, measure: str) -> float | None:
+    """A row's cost a token over its baseline's; None where either logged no parameter count; UnknownCost where the
+    measure has no figure for its arm."""
+    if param_count(row) is None or param_count(base) is None:
+        return None
+    found = cost_ratio(model_of(row), model_of(base), param_count(row), param_count(base), measure)
     if found is None:
         raise UnknownCost(f"--compute={measure}: no {COMPUTE_MEASURES[measure]} is recorded for "
                           f"{row['params.model.row']} (ddl/costs.py); use --compute flops, or bench that arm")
@@ -106,6 +114,8 @@ def at_equal_compute(row: pd.DataFrame, base: pd.DataFrame, histories: pd.DataFr
     if row.empty or base.empty:
         return None
     r = ratio(row.iloc[0], base.iloc[0], measure)
+    if r is None:
+        return AtCompute(None, None, "a run logged no parameter count (params.model.params)")
     steps = int(row.iloc[0][STEPS])
     costlier, cheaper, sign = (row, base, 1) if r >= 1 else (base, row, -1)
     cheaper_name = "the baseline" if sign == 1 else "the row"

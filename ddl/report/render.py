@@ -13,7 +13,7 @@ import io
 
 from .scaling import PAPER_N, CrossSize, sections
 from ..costs import COMPUTE_MEASURES
-from ..stats import CONFIDENCE, seeds_to_resolve
+from ..stats import CONFIDENCE, detectable, seeds_to_resolve
 from .tables import BASELINE, PAPER_SIZES, Cell, Table, fmt_number, row_label
 
 LEGEND = (f"Mean ± std over seeds. Bold: best, underlined: second best, only where the paired "
@@ -73,9 +73,23 @@ def comparison(table: Table, key: str) -> tuple[list[str], list[list[str]]]:
             effects = [d.mean] + ([cell.paper_relative[sizes[0]] * abs(d.reference) / 100]
                                   if sizes and sizes[0] in cell.paper_relative else [])
             needed = " / ".join(str(seeds_to_resolve(d.std, e) or "> 1000") for e in effects)
+        paper_gap = f"the paper's gap at {sizes[0]} is {paper[0]}" if paper and paper[0] else ""
         lines.append([row_label(row), str(d.n), _signed(d.mean, table.evaluation) + interval, relative,
-                      d.verdict(higher_is_better)] + compute + paper + [needed] * (table.unit == "seed"))
+                      d.verdict(higher_is_better) + resolvable(d, 1 - CONFIDENCE, table.unit, paper_gap)]
+                     + compute + paper + [needed] * (table.unit == "seed"))
     return headers, lines
+
+
+def resolvable(d, alpha: float, unit: str, paper: str = "") -> str:
+    """Beside a verdict of "not resolved": the smallest gap, in % of the reference, its units (seeds, replicates)
+    would resolve with 80% power at their spread and level (ddl.stats.detectable); and the paper's gap."""
+    if d is None or d.resolved or d.reference == 0:
+        return ""
+    if d.n < 2 or not d.std:
+        said = f"one {unit}: resolves no gap" if d.n < 2 else "no spread to size it from"
+    else:
+        said = f"could resolve >= {100 * detectable(d.std, d.n, alpha) / abs(d.reference):.2g}%"
+    return f" ({said}{'; ' + paper if paper else ''})"
 
 
 def relative_text(d) -> str:
@@ -93,7 +107,8 @@ def at_compute_cells(found) -> list[str]:
         return ["", "", ""]
     d = found.difference
     verdict = "" if d is None else d.verdict(False)
-    return [relative_text(d) or "no paired value", verdict, f"cost ratio {found.ratio:.3f}; {found.how}"]
+    cost = found.how if found.ratio is None else f"cost ratio {found.ratio:.3f}; {found.how}"
+    return [relative_text(d) or "no paired value", verdict, cost]
 
 
 def compared(table: Table):

@@ -19,7 +19,7 @@ from ..stats import CONFIDENCE, mean_interval, paired
 from ..tune.config import REPLICATE_STRIDE
 from ..tune.workflow import NOT_BRACKETED
 from .compute import at_equal_compute
-from .render import at_compute_cells, relative_text
+from .render import at_compute_cells, relative_text, resolvable
 from .tables import (PAPER_ROWS, Cell, Column, Table, family_and_n_h, json_object, row_label,
                      trial_values)
 
@@ -193,7 +193,8 @@ def _versus(label: str, row: _Row, base: _Row | None, histories, measure: str):
     tokens = paired(row.seeds(int(n) if n else None), base.seeds(int(n) if n else None), confidence)
     compute = None if histories is None else at_equal_compute(row.confirmed, base.confirmed, histories, measure,
                                                              confidence=confidence, unit=_by_replicate)
-    return line + [relative_text(tokens), tokens.verdict(False) if tokens else "", *at_compute_cells(compute)], tokens
+    said = tokens.verdict(False) + resolvable(tokens, 1 - confidence, "replicate") if tokens else ""
+    return line + [relative_text(tokens), said, *at_compute_cells(compute)], tokens
 
 
 def _place(own: pd.DataFrame, sizes: list[str]) -> tuple[int, int]:
