@@ -8,6 +8,8 @@ line per running job every DDL_PROGRESS_S seconds (default 30).
 
 from __future__ import annotations
 
+import math
+
 import contextlib
 import os
 import sys
@@ -233,7 +235,7 @@ def search_result_table(rows, looks: dict, baseline_of, replicates_of) -> _Print
     for first in (row for row in rows if row.replicate == 0):
         replicas = replicates_of(first, rows)
         found, base = looks.get(first.search), baseline_of(first, rows)
-        means = [sum(r.seeds.values()) / len(r.seeds) for r in replicas if r.seeds]
+        means = [m for r in replicas if r.seeds and math.isfinite(m := sum(r.seeds.values()) / len(r.seeds))]
         estimate = mean_interval(means)
         loss = "" if estimate is None else f"{estimate.mean:.4f}" + (
             f" [{estimate.low:.4f}, {estimate.high:.4f}]" if estimate.low is not None else "")

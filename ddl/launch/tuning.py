@@ -350,7 +350,7 @@ def _confirm(launcher, rows: list[RowSearch], tuning: TuneConfig, index: int) ->
     for its own estimate); then the result table."""
     from ..track import searches
     from ..tune.sequential import look
-    from ..tune.workflow import verdict
+    from ..tune.workflow import confirmed, verdict
     from .launcher import SweepFailed
     from .table import search_result_table
     for row in sorted(rows, key=lambda r: r.source is not None):
@@ -380,9 +380,7 @@ def _confirm(launcher, rows: list[RowSearch], tuning: TuneConfig, index: int) ->
         while any(t.state == "running" for r in replicas for t in r.runs("confirm")):
             _wait_for_others("confirmation runs")
         for r in replicas:
-            fresh = set(r.confirm_seeds(plan[-1]))
-            r.seeds = {t.seed: t.value for t in r.runs("confirm")
-                       if t.state == "complete" and t.values == r.best and t.seed in fresh}
+            r.seeds = confirmed(r.runs("confirm"), r.best, set(r.confirm_seeds(plan[-1])))
         for first in list(open_rows):
             base = baseline_of(first, rows)
             if not bracketed(base):

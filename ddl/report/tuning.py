@@ -10,14 +10,15 @@ searches' parent runs come from ddl.track.query.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 
 import pandas as pd
 
 from ..costs import COMPUTE_MEASURES
-from ..stats import CONFIDENCE, mean_interval, paired
-from ..tune.config import REPLICATE_STRIDE
-from ..tune.workflow import NOT_BRACKETED
+from ..stats import CONFIDENCE, mean_interval
+from ..tune.sequential import FAILED, Look, at_look, seeds_reached
+from ..tune.workflow import NOT_BRACKETED, verdict
 from .compute import at_equal_compute
 from .render import at_compute_cells, relative_text, resolvable
 from .tables import (PAPER_ROWS, Cell, Column, Table, family_and_n_h, json_object, row_label,
@@ -74,6 +75,8 @@ class _Row:
         replica = self.own.get("params.replica", pd.Series(dtype=object)).dropna()
         self.replica = int(replica.iloc[0]) if not replica.empty else None   # a copy of the row (tuned_aa)
         self.confirmed = pd.concat([_confirmed(own, best) for _, own, best in self.replicates])
+        self.values = {_replicate_number(p): _confirmation_losses(_confirmed(own, best))
+                       for p, own, best in self.replicates}      # replicate (its parent's tag) -> {seed: loss}
         self.open = [f"{_tag(p, 'tags.ddl.replicate') or 0}: {_tag(p, 'tags.ddl.unbracketed')}"
                      for p, _, _ in self.replicates if _tag(p, "tags.ddl.unbracketed")]
 
@@ -81,32 +84,33 @@ class _Row:
     def search(self) -> str:
         return self.parent["tags.ddl.search"]
 
-    def seeds(self, n: int | None = None) -> dict:
-        """{replicate: its mean loss over its first n confirmation seeds (all, with no n)}."""
-        means = {}
-        for replicate, group in _replicate_values(self.confirmed).items():
-            values = [group[s] for s in sorted(group, key=int)][:n]
-            if values and (n is None or len(values) == n):
-                means[replicate] = sum(values) / len(values)
-        return means
+    def means(self) -> dict:
+        """{replicate: its mean loss over its confirmation seeds}, a replicate with a failed run left out."""
+        return {r: sum(v.values()) / len(v) for r, v in self.values.items()
+                if v and all(math.isfinite(x) for x in v.values())}
+
+    def replicate_of(self) -> dict:
+        """{seed: its replicate}: the grouping of the equal-compute comparison."""
+        return {str(seed): r for r, seeds in self.values.items() for seed in seeds}
 
 
-def _replicate_values(confirmed: pd.DataFrame) -> dict:
-    """{replicate: {seed: final val/loss}} of finished confirmation runs (a seed's replicate: seed // stride)."""
-    done = confirmed[(confirmed["status"] == "FINISHED") & confirmed["metrics.final/val/loss"].notna()] \
-        if "metrics.final/val/loss" in confirmed else confirmed.iloc[:0]
-    found: dict = {}
-    for seed, loss in zip(done["params.seed"], done["metrics.final/val/loss"], strict=True):
-        found.setdefault(int(seed) // REPLICATE_STRIDE, {})[seed] = float(loss)
-    return found
+def _confirmation_losses(confirmed: pd.DataFrame) -> dict:
+    """{seed: final val/loss} of confirmation runs that ended; one that diverged or failed at FAILED (never
+    dropped, as the decision counted it: ddl.tune.workflow.confirmed)."""
+    ended = confirmed[confirmed["status"].isin(["FINISHED", "FAILED", "KILLED"])]
+    losses = ended["metrics.final/val/loss"] if "metrics.final/val/loss" in ended else pd.Series(index=ended.index)
+    return {int(seed): float(loss) if status == "FINISHED" and pd.notna(loss) else FAILED
+            for seed, loss, status in zip(ended["params.seed"], losses, ended["status"], strict=True)}
 
 
-def _by_replicate(values: dict) -> dict:
-    """{seed: loss} -> {replicate: mean loss}: the tuned table's unit."""
-    groups: dict = {}
-    for seed, loss in values.items():
-        groups.setdefault(int(seed) // REPLICATE_STRIDE, []).append(loss)
-    return {r: sum(v) / len(v) for r, v in groups.items()}
+def _by_replicate(replicate_of: dict):
+    """{seed: loss} -> {replicate: mean loss}: the tuned table's unit, each seed's replicate its run's parent's."""
+    def grouped(values: dict) -> dict:
+        groups: dict = {}
+        for seed, loss in values.items():
+            groups.setdefault(replicate_of[str(seed)], []).append(loss)
+        return {r: sum(v) / len(v) for r, v in groups.items()}
+    return grouped
 
 
 def tuned_table(runs: pd.DataFrame, searches: pd.DataFrame, sizes: list[str], unit: str,
@@ -140,8 +144,7 @@ def tuned_table(runs: pd.DataFrame, searches: pd.DataFrame, sizes: list[str], un
         if label not in table.rows:
             table.rows.append(label)
             table.cells.update({(label, f"{s}/val_loss"): Cell(marker="—") for s in sizes})
-        means = row.seeds()
-        table.cells[label, f"{row.size}/val_loss"] = _estimate_cell(means)
+        table.cells[label, f"{row.size}/val_loss"] = _estimate_cell(row.means())
     notes = []
     for size in sizes:
         lines = []
@@ -174,7 +177,7 @@ def _estimate_cell(means: dict) -> Cell:
 def _versus(label: str, row: _Row, base: _Row | None, histories, measure: str):
     """A row's line under the tuned table (its estimate, best values, and its verdicts against the baseline), and its
     difference at equal tokens."""
-    estimate = mean_interval(row.seeds().values())
+    estimate = mean_interval(row.means().values())
     loss = "" if estimate is None else f"{estimate.mean:.4f}" + (
         f" [{estimate.low:.4f}, {estimate.high:.4f}]" if estimate.low is not None else "")
     values = "; ".join(_values_text(best) for _, _, best in row.replicates)
@@ -187,14 +190,23 @@ def _versus(label: str, row: _Row, base: _Row | None, histories, measure: str):
         return line + ["", "(the baseline)", "", "", ""], None
     if row.open or base.open:
         return line + ["", NOT_BRACKETED + ("" if row.open else " (the baseline)"), "", "", ""], None
-    level = _tag(row.parent, "tags.ddl.look_level")
-    confidence = 1 - float(level) if level else CONFIDENCE
-    n = _tag(row.parent, "tags.ddl.look_seeds")
-    tokens = paired(row.seeds(int(n) if n else None), base.seeds(int(n) if n else None), confidence)
-    compute = None if histories is None else at_equal_compute(row.confirmed, base.confirmed, histories, measure,
-                                                             confidence=confidence, unit=_by_replicate)
-    said = tokens.verdict(False) + resolvable(tokens, 1 - confidence, "replicate") if tokens else ""
+    found = _decision(row, base)
+    compute = None if histories is None else at_equal_compute(
+        row.confirmed, base.confirmed, histories, measure, confidence=1 - found.level,
+        unit=_by_replicate({**base.replicate_of(), **row.replicate_of()}))
+    tokens = found.difference
+    said = verdict(found, True) + (resolvable(tokens, found.level, "replicate") if tokens else "")
     return line + [relative_text(tokens), said, *at_compute_cells(compute)], tokens
+
+
+def _decision(row: _Row, base: _Row) -> Look:
+    """The look that decided the row (its parent's tags: the seeds a replicate and the level), over the replicates
+    as their parents name them: the driver's own computation (ddl.tune.sequential.at_look); without the tags (a
+    search stopped before its verdict), the plain 95% look at the seeds both have."""
+    n, level = _tag(row.parent, "tags.ddl.look_seeds"), _tag(row.parent, "tags.ddl.look_level")
+    if n and level:
+        return at_look(row.values, base.values, int(n), float(level))
+    return at_look(row.values, base.values, seeds_reached(row.values, base.values), 1 - CONFIDENCE)
 
 
 def _place(own: pd.DataFrame, sizes: list[str]) -> tuple[int, int]:

@@ -53,6 +53,9 @@ def open_edges(trials, space: list[Dimension]) -> list[Edge]:
                 nearest = min(pruned, key=lambda t: abs(t.values[dim.key] - x))
                 edges.append(Edge(dim.key, side, resume=nearest))
                 continue
-            step = dim.bracket_step() * (-1 if side == "below" else 1)
-            edges.append(Edge(dim.key, side, values={**found.values, dim.key: dim.unscale(dim.scale(x) + step)}))
+            sign = -1 if side == "below" else 1
+            value = dim.unscale(dim.scale(x) + sign * dim.bracket_step())
+            if value == x:                 # an integer key rounded back to the best: one integer beyond it
+                value = x + sign
+            edges.append(Edge(dim.key, side, values={**found.values, dim.key: value}))
     return edges

@@ -72,13 +72,14 @@ def ask(trials, space: list[Dimension], cfg: TuneConfig, n: int, replicate: int 
     return found
 
 
-def grid_size(space: list[Dimension]) -> int | None:
-    """The number of points of a space of `choice(...)` keys alone; None for a space with a range."""
-    if not all(d.categorical for d in space):
-        return None
+def points(space: list[Dimension]) -> int | None:
+    """The number of distinct values of a space of `choice(...)` keys and integer ranges; None with a continuous
+    range."""
     size = 1
     for d in space:
-        size *= len(d.choices)
+        if not (d.categorical or d.integer):
+            return None
+        size *= len(d.choices) if d.categorical else int(d.high) - int(d.low) + 1
     return size
 
 

@@ -11,6 +11,11 @@ replicate values whatever their variance, so the chance that any look declares a
 at most the sum of the alpha_k (Bonferroni), a(1) = alpha. A single look (a fixed number of seeds) is the plain
 95% interval. The interval has replicates - 1 degrees of freedom whatever the seeds: seeds narrow the noise
 within a replicate, not the search's luck between replicates, which the spread of the replicates carries.
+
+A confirmation run that diverged or failed is never dropped (that would favour an unstable row): its loss is
+FAILED, its replicate's mean with it, and that replicate leaves the interval while the failure blocks a verdict in
+the failing row's favour (ddl.tune.workflow.verdict). The driver, the simulator and the report all take a look here:
+the report's interval is the one that decided.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 from ..stats import Difference, paired
+
+FAILED = math.inf             # the loss of a confirmation run that diverged or failed
 
 
 def spent(t: float, alpha: float) -> float:
@@ -41,8 +48,10 @@ def look_levels(plan: tuple[int, ...], alpha: float) -> tuple[float, ...]:
 class Look:
     n: int                         # confirmation seeds per replicate so far
     level: float                   # alpha_k of this look
-    difference: Difference | None  # over the replicates: each one's mean over its first n seeds
+    difference: Difference | None  # over the replicates: each one's mean over its first n seeds (failures left out)
     final: bool                    # the last look of the plan
+    arm_failed: str = ""           # the row's confirmation runs that diverged or failed: no "better" for it
+    reference_failed: str = ""     # the baseline's: no "worse" for the row
 
     @property
     def resolved(self) -> bool:
@@ -80,6 +89,21 @@ def look(arm: dict, reference: dict, plan: tuple[int, ...], alpha: float) -> Loo
     if not reached:
         return Look(n, 0.0, None, False)
     k = reached[-1]
-    level = look_levels(plan, alpha)[k]
-    means = replicate_means(arm, plan[k], reference), replicate_means(reference, plan[k], arm)
-    return Look(plan[k], level, paired(*means, confidence=1 - level), k == len(plan) - 1)
+    return at_look(arm, reference, plan[k], look_levels(plan, alpha)[k], k == len(plan) - 1)
+
+
+def at_look(arm: dict, reference: dict, n: int, level: float, final: bool = True) -> Look:
+    """The look at n seeds a replicate, at level alpha_k: each replicate's mean over its first n seeds it shares
+    with the other row, paired by replicate; a replicate with a failed run leaves the interval and is named."""
+    if n < 1:
+        return Look(n, level, None, final)
+    means = replicate_means(arm, n, reference), replicate_means(reference, n, arm)
+    finite = [{r: m for r, m in side.items() if math.isfinite(m)} for side in means]
+    return Look(n, level, paired(*finite, confidence=1 - level), final, _failures(arm, means[0], n, "the row"),
+                _failures(reference, means[1], n, "the baseline"))
+
+
+def _failures(rows: dict, means: dict, n: int, whose: str) -> str:
+    failed = [f"replicate {r} seed {seed}" for r in sorted(means) if not math.isfinite(means[r])
+              for seed in sorted(rows[r]) if not math.isfinite(rows[r][seed])]
+    return f"{whose}'s confirmation diverged or failed: {', '.join(failed)}" if failed else ""

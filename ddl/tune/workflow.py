@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 from .bracket import Edge, open_edges
 from .config import TuneConfig
-from .search import ask, grid_size
-from .sequential import Look
+from .search import ask, points
+from ..stats import BETTER, NOT_RESOLVED, WORSE
+from .sequential import FAILED, Look
 from .space import Dimension
 
 NOT_BRACKETED = "not bracketed"
@@ -46,10 +47,12 @@ def next_round(trials, space: list[Dimension], cfg: TuneConfig, replicate: int, 
     trials = [t for t in trials if t.role == "trial"]
     stopped = [t for t in trials if t.state == "stopped"]
     waiting = any(t.state == "running" for t in trials)
-    wanted = min(cfg.trials, grid_size(space) or cfg.trials)
+    wanted = min(cfg.trials, points(space) or cfg.trials)
     if len(trials) < wanted:
-        return Round(new=ask(trials, space, cfg, min(parallel, wanted - len(trials)), replicate), resume=stopped,
-                     waiting=waiting)
+        new = ask(trials, space, cfg, min(parallel, wanted - len(trials)), replicate)
+        if new or stopped or waiting:
+            return Round(new=new, resume=stopped, waiting=waiting)
+        wanted = len(trials)         # the sampler draws nothing new: the search has its trials, and brackets its best
     if stopped or waiting:
         return Round(resume=stopped, waiting=waiting)
     edges = open_edges(trials, space)
@@ -62,8 +65,24 @@ def next_round(trials, space: list[Dimension], cfg: TuneConfig, replicate: int, 
     return Round(open=edges)
 
 
+def confirmed(runs, best: dict, seeds) -> dict:
+    """{seed: final loss} of a replicate's confirmation runs at its best values over `seeds`, each that ended; one
+    that diverged or failed counts, at FAILED (ddl.tune.sequential), never dropped."""
+    return {t.seed: t.value if t.state == "complete" else FAILED for t in runs
+            if t.role == "confirm" and t.values == best and t.seed in seeds and t.state != "running"}
+
+
 def verdict(found: Look | None, bracketed: bool) -> str:
-    """A row's verdict against its tuned baseline: lower loss is better."""
+    """A row's verdict against its tuned baseline: lower loss is better; a failed confirmation run of the row blocks
+    "better" (of the baseline, "worse"), saying which."""
     if not bracketed:
         return NOT_BRACKETED
-    return "" if found is None or found.difference is None else found.difference.verdict(False)
+    if found is None:
+        return ""
+    failures = "; ".join(filter(None, (found.arm_failed, found.reference_failed)))
+    said = found.difference.verdict(False) if found.difference is not None else NOT_RESOLVED
+    if (said == BETTER and found.arm_failed) or (said == WORSE and found.reference_failed):
+        said = NOT_RESOLVED
+    if found.difference is None and not failures:
+        return ""
+    return f"{said} ({failures})" if failures else said
