@@ -69,20 +69,22 @@ def test_the_sequential_rule_pairs_replicates_each_its_mean_over_fresh_seeds():
 def test_the_workflow_a_a_test_holds_its_error_rate_small():
     """The suite's share of `python -m ddl.tune.simulate` (the whole grid, 1,000 experiments a cell, is the command's,
     docs/results.md): two identical rows searched by the project's own decisions (TPE, the pruner, the bracket, the
-    confirmation over replicates) are declared different at most alpha + 3 Monte Carlo standard errors of the time,
-    and a true 5% gap resolves."""
+    confirmation over replicates) are declared different at most alpha + 3 Monte Carlo standard errors of the time;
+    power grows with the gap, and the detectable gap lies between the gaps that resolve least and most."""
     from ddl.tune.config import TuneConfig
-    from ddl.tune.simulate import World, run_world
+    from ddl.tune.simulate import GAPS, World, run_world
     cfg = TuneConfig(trials=6)
     for cell in run_world(World(0.08, "t3"), cfg, 24, seed=3):
         assert cell.false_positive <= cfg.alpha + 3 * cell.mcse, cell
-        assert cell.power >= 0.8 and cell.bracketed >= 0.9, cell
+        assert cell.bracketed >= 0.9 and cell.power[GAPS[-1]] >= 0.6 >= cell.power[GAPS[0]], cell
+        assert GAPS[0] < cell.detectable <= cell.measured < 2 * GAPS[-1], cell
 
 
 @pytest.mark.slow
 def test_the_simulate_command_writes_its_table_between_the_markers(tmp_path):
-    """The command prints the grid (curvatures 0-0.16, normal and t(3) noise, seeds 3 and auto) and writes it into the
-    file between its markers, leaving the rest as it was; a file without them is one line, exit 2."""
+    """The command prints the grid (curvatures 0-0.16, normal and t(3) noise, seeds 3 and auto), with a column per gap
+    and the detectable gap, and writes it into the file between its markers, leaving the rest as it was; a file
+    without them is one line, exit 2."""
     from ddl.tune.simulate import BEGIN, END
     results = tmp_path / "results.md"
     results.write_text(f"# before\n{BEGIN}\nold\n{END}\nafter\n")
@@ -92,6 +94,7 @@ def test_the_simulate_command_writes_its_table_between_the_markers(tmp_path):
     text = results.read_text()
     assert text.startswith(f"# before\n{BEGIN}\n| curvature") and text.endswith(f"{END}\nafter\n") and "old" not in text
     assert text.count("| Student-t(3) |") == 8 and text.count("| normal |") == 8 and "3 experiments" in text
+    assert "| power at 0.25% | power at 0.5% | power at 0.66% (d_v=4) |" in text and "detectable gap" in text
     bare = tmp_path / "bare.md"
     bare.write_text("nothing\n")
     out = subprocess.run([*python_module("ddl.tune.simulate"), "--experiments", "1", "--write",

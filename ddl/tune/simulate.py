@@ -2,11 +2,12 @@
 project's own decisions (ddl.tune.workflow: TPE with its startup rule, the median pruner with its rule for the
 best's neighbours, the bracket, the confirmation's looks), each trial's loss drawn from a model of a row's loss
 against its learning rate. Identical rows give the false-positive rate of the verdict; a row better by a true gap
-gives its power.
+gives its power, at gaps of 0.25-2% of the loss and at the paper's three (d_v=1, d_v=4, EC at small).
 
     python -m ddl.tune.simulate                     # 1,000 experiments a cell; prints the table, writes it into
                                                     # docs/results.md between its markers
     python -m ddl.tune.simulate --experiments 50 --no-write
+    python -m ddl.tune.simulate --designs           # replicates x seeds compared at one world (power per run)
 
 The model, per row: final validation loss L(x) = L0 + curvature (x - x*)^2 at x = log10(lr), x* drawn per
 experiment in the middle of the searched range (the same for both rows), plus one draw of seed noise per run
@@ -14,7 +15,8 @@ experiment in the middle of the searched range (the same for both rows), plus on
 final loss by `lag` (1 - t) (lr* / lr)^(1/2) at the fraction t of its steps: a low learning rate starts slow,
 which is what a median pruner judging early losses gets wrong. A row better by a gap has every loss lower by
 gap L0; TPE, the pruner and the bracket read a search's losses only against each other, so the same draws give
-the A/A and the power experiment the same searches, and both seed plans the same confirmation seeds.
+the A/A and every gap's experiment the same searches, and both seed plans the same confirmation seeds. A search's
+best and bracket are the driver's (ddl.tune.bracket), its looks and verdict too (ddl.tune.sequential, workflow).
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
 
+from ..stats import detectable
+from .bracket import best, open_edges
 from .config import TuneConfig
 from .search import should_prune
-from .sequential import look
+from .sequential import look, look_levels
 from .space import Dimension
 from .workflow import next_round, verdict
 
@@ -40,8 +44,12 @@ SPACE = [Dimension("train.lr", 5e-4, 1.6e-2, log=True)]    # sweeps/tuned.yaml's
 CURVATURES = (0.0, 0.04, 0.08, 0.16)                       # nats per decade^2 (0.08: the transfer table's)
 NOISES = ("normal", "t3")
 SEED_RULES = ("3", "auto")
-GAP = 0.05                                                  # the true gap the power column is for
+GAPS = (0.0021, 0.0025, 0.005, 0.0066, 0.0085, 0.01, 0.02)  # true gaps, shares of L0: the paper's at small among them
+PAPER_GAPS = {0.0021: "d_v=1", 0.0066: "d_v=4", 0.0085: "EC"}
+CORRELATION = 0.5                                          # the share of a seed's noise two rows share at one seed
+DESIGNS = ((3, "3"), (3, "auto"), (4, "2"), (6, "1"), (5, "3"), (8, "2"))   # (replicates, seeds) --designs compares
 BEGIN, END = "<!-- ddl.tune.simulate: begin -->", "<!-- ddl.tune.simulate: end -->"
+DESIGNS_BEGIN, DESIGNS_END = "<!-- ddl.tune.simulate --designs: begin -->", "<!-- ddl.tune.simulate --designs: end -->"
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results.md"
 
 
@@ -49,6 +57,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results.md"
 class World:
     curvature: float
     noise: str
+    correlation: float = CORRELATION
     sd: float = 0.015              # a seed's sd: the tuned study's spread
     loss: float = 1.87             # L0, the optimum's loss (the tuned study's baseline)
     lag: float = 0.3               # how far a run's early validation loss lies above its final one
@@ -70,18 +79,26 @@ class SimTrial:
 
 class Draws:
     """One experiment's random numbers: its optimum, and a noise draw per run (the same draw for the same run
-    whatever the seed plan or the gap)."""
+    whatever the seed plan or the gap), whose shared part is one draw per seed (`key`)."""
 
     def __init__(self, world: World, seed: int):
         import numpy as np
         self.world, self.rng = world, np.random.default_rng(seed)
         low, high = (math.log10(d) for d in (SPACE[0].low, SPACE[0].high))
         self.optimum = self.rng.uniform(low + 0.2 * (high - low), high - 0.2 * (high - low))
+        self.shared: dict = {}
 
-    def noise(self) -> float:
+    def _draw(self) -> float:
+        """A standard draw: normal, or Student-t(3) scaled to unit variance."""
         if self.world.noise == "t3":
-            return float(self.rng.standard_t(3) * self.world.sd / math.sqrt(3))
-        return float(self.rng.normal(0, self.world.sd))
+            return float(self.rng.standard_t(3) / math.sqrt(3))
+        return float(self.rng.normal())
+
+    def noise(self, key) -> float:
+        """A run's noise at the seed `key`: the seed's shared draw and the run's own, in their shares."""
+        shared = self.shared.setdefault(key, self._draw())
+        rho = self.world.correlation
+        return self.world.sd * (math.sqrt(rho) * shared + math.sqrt(1 - rho) * self._draw())
 
     def loss(self, lr: float) -> float:
         return self.world.loss + self.world.curvature * (math.log10(lr) - self.optimum) ** 2
@@ -110,16 +127,17 @@ def search(draws: Draws, cfg: TuneConfig, replicate: int) -> tuple[float | None,
         step = next_round(trials, SPACE, cfg, replicate, parallel)
         if step.done:
             break
-        batch = [SimTrial(len(trials) + i, values, noise=draws.noise()) for i, values in enumerate(step.new)]
+        batch = [SimTrial(len(trials) + i, values, noise=draws.noise(("selection", replicate)))
+                 for i, values in enumerate(step.new)]
         trials += batch
         for trial in batch:
             _train(trial, draws, trials, cfg, cfg.pruner == "median")
         for trial in step.finish:                  # the bracket: finished with the pruner off
             trial.curve = {}
             _train(trial, draws, trials, cfg, False)
-    complete = [t for t in trials if t.state == "complete"]
-    best = min(complete, key=lambda t: t.value) if complete else None
-    return (best.values["train.lr"] if best else None), not step.open and best is not None, len(trials)
+    found = best(trials)                          # as the driver reads the search when it ends
+    return (found.values["train.lr"] if found else None), found is not None and not open_edges(trials, SPACE), \
+        len(trials)
 
 
 @dataclass
@@ -137,32 +155,42 @@ def row(draws: Draws, cfg: TuneConfig) -> Row:
         bracketed &= ok
         trained += n
         if lr is not None:
-            seeds[r] = {s: draws.loss(lr) + draws.noise() for s in cfg.confirm_seeds(0, r, cfg.max_seeds)}
+            seeds[r] = {s: draws.loss(lr) + draws.noise((r, s)) for s in cfg.confirm_seeds(0, r, cfg.max_seeds)}
     return Row(bracketed, seeds, trained)
 
 
-def experiment(world: World, cfg: TuneConfig, seed: int) -> dict:
+def experiment(world: World, cfg: TuneConfig, seed: int, rules=SEED_RULES) -> dict:
     """Two rows searched independently; per seed rule, the verdict between them as they are (A/A) and with the
-    second better by GAP (power), and the seeds each rule ran a replicate."""
+    second better by each of GAPS (power), the seeds each rule ran a replicate, and the variance of the replicates'
+    differences at the last look (the search's luck with the seeds' noise)."""
     draws = Draws(world, seed)
     a, b = row(draws, cfg), row(draws, cfg)
-    shifted = {r: {s: v - GAP * world.loss for s, v in seeds.items()} for r, seeds in b.seeds.items()}
     bracketed = a.bracketed and b.bracketed
     out = {"bracketed": bracketed, "trials": (a.trials + b.trials) / (2 * cfg.replicates)}
-    for rule in SEED_RULES:
+    for rule in rules:
         plan = replace(cfg, seeds=rule).seed_plan
-        for name, arm in (("aa", b.seeds), ("power", shifted)):
-            found = None
-            for n in plan:                         # the looks the driver takes, up to the one that ends it
-                upto = {r: {s: v for s, v in sorted(seeds.items())[:n]} for r, seeds in arm.items()}
-                base = {r: {s: v for s, v in sorted(seeds.items())[:n]} for r, seeds in a.seeds.items()}
-                found = look(upto, base, plan, cfg.alpha)
-                if found.done:
-                    break
+        for gap in (0.0, *GAPS):
+            arm = {r: {s: v - gap * world.loss for s, v in seeds.items()} for r, seeds in b.seeds.items()}
+            found = _confirm(arm, a.seeds, plan, cfg.alpha)
             said = verdict(found, bracketed)
-            out[rule, name] = said == "better" if name == "power" else said in ("better", "worse")
-            out[rule, name, "seeds"] = found.n if found else 0
+            out[rule, gap] = said in ("better", "worse") if gap == 0 else said == "better"
+            if gap == 0:
+                d = found.difference if found else None
+                out[rule, "seeds"] = found.n if found else 0
+                out[rule, "variance"] = d.std ** 2 if d is not None and d.std is not None else None
     return out
+
+
+def _confirm(arm: dict, base: dict, plan: tuple[int, ...], alpha: float):
+    """The looks the driver takes, up to the one that ends it."""
+    found = None
+    for n in plan:
+        upto = {r: dict(sorted(seeds.items())[:n]) for r, seeds in arm.items()}
+        reference = {r: dict(sorted(seeds.items())[:n]) for r, seeds in base.items()}
+        found = look(upto, reference, plan, alpha)
+        if found.done:
+            break
+    return found
 
 
 @dataclass
@@ -171,27 +199,45 @@ class Cell:
     rule: str
     experiments: int
     false_positive: float
-    power: float
+    power: dict                    # gap -> the share of experiments whose verdict was "better"
     bracketed: float
     seeds: float
     trials: float
+    alpha: float
+    detectable: float | None       # the gap (a share of L0) resolved with 80% power from the seeds' noise alone
+    measured: float | None         # ... from the replicates' differences the experiments measured (with the luck)
+    replicates: int = 3
 
     @property
     def mcse(self) -> float:
         """The Monte Carlo standard error of a rate of alpha over these experiments."""
-        return math.sqrt(0.05 * 0.95 / self.experiments)
+        return math.sqrt(self.alpha * (1 - self.alpha) / self.experiments)
+
+    @property
+    def runs(self) -> float:
+        """Runs a row: its replicates' trials and confirmation seeds."""
+        return self.replicates * (self.trials + self.seeds)
 
 
-def run_world(world: World, cfg: TuneConfig, experiments: int, seed: int = 0) -> list[Cell]:
-    results = [experiment(world, cfg, seed * 1_000_003 + i) for i in range(experiments)]
+def run_world(world: World, cfg: TuneConfig, experiments: int, seed: int = 0, rules=SEED_RULES) -> list[Cell]:
+    results = [experiment(world, cfg, seed * 1_000_003 + i, rules) for i in range(experiments)]
 
-    def mean(values) -> float:
-        values = list(values)
-        return sum(values) / len(values)
-    return [Cell(world, rule, experiments, mean(r[rule, "aa"] for r in results),
-                 mean(r[rule, "power"] for r in results), mean(r["bracketed"] for r in results),
-                 mean(r[rule, "aa", "seeds"] for r in results), mean(r["trials"] for r in results))
-            for rule in SEED_RULES]
+    def mean(values) -> float | None:
+        values = [v for v in values if v is not None]
+        return sum(values) / len(values) if values else None
+    cells = []
+    for rule in rules:
+        plan = replace(cfg, seeds=rule).seed_plan
+        level = look_levels(plan, cfg.alpha)[-1]
+        unit_sd = world.sd * math.sqrt(2 * (1 - world.correlation) / plan[-1])
+        theory = detectable(unit_sd, cfg.replicates, level)
+        variance = mean(r[rule, "variance"] for r in results)
+        measured = detectable(math.sqrt(variance), cfg.replicates, level) if variance is not None else None
+        cells.append(Cell(world, rule, experiments, mean(r[rule, 0.0] for r in results),
+                          {g: mean(r[rule, g] for r in results) for g in GAPS}, mean(r["bracketed"] for r in results),
+                          mean(r[rule, "seeds"] for r in results), mean(r["trials"] for r in results), cfg.alpha,
+                          theory and theory / world.loss, measured and measured / world.loss, cfg.replicates))
+    return cells
 
 
 def grid(cfg: TuneConfig, experiments: int, jobs: int = 1) -> list[Cell]:
@@ -202,15 +248,46 @@ def grid(cfg: TuneConfig, experiments: int, jobs: int = 1) -> list[Cell]:
         return [cell for cells in found for cell in cells]
 
 
+def _percent(share: float | None) -> str:
+    return "—" if share is None else f"{100 * share:.2g}%"
+
+
+def _gap_header(gap: float) -> str:
+    return f"{100 * gap:.2g}%" + (f" ({PAPER_GAPS[gap]})" if gap in PAPER_GAPS else "")
+
+
 def table(cells: list[Cell], cfg: TuneConfig) -> str:
     bound = cfg.alpha + 3 * cells[0].mcse
     lines = ["| curvature (nats/decade²) | noise | seeds | false positives (A/A) | ≤ alpha + 3 MCSE | "
-             "power, true 5% gap | bracketed | seeds a replicate | trials a search |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             + " | ".join(f"power at {_gap_header(g)}" for g in GAPS)
+             + " | detectable gap: seed noise / measured | bracketed | seeds a replicate | trials a search |",
+             "|---|---|---|---|---|" + "---|" * len(GAPS) + "---|---|---|---|"]
     for c in cells:
         lines.append(f"| {c.world.curvature:g} | {'normal' if c.world.noise == 'normal' else 'Student-t(3)'} | "
                      f"{c.rule} | {100 * c.false_positive:.1f}% | {'yes' if c.false_positive <= bound else 'NO'} | "
-                     f"{100 * c.power:.1f}% | {100 * c.bracketed:.1f}% | {c.seeds:.2f} | {c.trials:.2f} |")
+                     + " | ".join(f"{100 * c.power[g]:.1f}%" for g in GAPS)
+                     + f" | {_percent(c.detectable)} / {_percent(c.measured)} | {100 * c.bracketed:.1f}% | "
+                     f"{c.seeds:.2f} | {c.trials:.2f} |")
+    return "\n".join(lines)
+
+
+def designs(cfg: TuneConfig, experiments: int, jobs: int = 1) -> list[Cell]:
+    """DESIGNS at the middle world (curvature 0.08, normal noise): each (replicates, seeds) a cell."""
+    configs = [replace(cfg, replicates=r) for r, _ in DESIGNS]
+    with ProcessPoolExecutor(jobs) as pool:
+        found = pool.map(run_world, [World(0.08, "normal")] * len(DESIGNS), configs, [experiments] * len(DESIGNS),
+                         range(len(DESIGNS)), [(rule,) for _, rule in DESIGNS])
+        return [cell for cells in found for cell in cells]
+
+
+def design_table(cells: list[Cell]) -> str:
+    lines = ["| replicates x seeds | runs a row | false positives (A/A) | "
+             + " | ".join(f"power at {_gap_header(g)}" for g in GAPS)
+             + " | detectable gap: seed noise / measured |", "|---|---|---|" + "---|" * len(GAPS) + "---|"]
+    for c in cells:
+        lines.append(f"| {c.replicates} x {c.rule} | {c.runs:.1f} | {100 * c.false_positive:.1f}% | "
+                     + " | ".join(f"{100 * c.power[g]:.1f}%" for g in GAPS)
+                     + f" | {_percent(c.detectable)} / {_percent(c.measured)} |")
     return "\n".join(lines)
 
 
@@ -221,13 +298,13 @@ def settings(cfg: TuneConfig) -> str:
             f"{SPACE[0].spec().split('=', 1)[1]}")
 
 
-def write(path: Path, block: str) -> None:
+def write(path: Path, block: str, begin: str = BEGIN, end: str = END) -> None:
     text = path.read_text()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"--write={path}: has no {BEGIN} ... {END} markers to write the table between")
-    head, rest = text.split(BEGIN, 1)
+    if begin not in text or end not in text:
+        raise ValueError(f"--write={path}: has no {begin} ... {end} markers to write the table between")
+    head, rest = text.split(begin, 1)
     from ..paths import write_atomic
-    write_atomic(path, f"{head}{BEGIN}\n{block}\n{END}{rest.split(END, 1)[1]}")
+    write_atomic(path, f"{head}{begin}\n{block}\n{end}{rest.split(end, 1)[1]}")
 
 
 def machine() -> str:
@@ -237,7 +314,7 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} CPUs"
 
 
-def main(argv=None) -> int:
+def _arguments(argv) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m ddl.tune.simulate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--experiments", type=int, default=1000, help="experiments a cell (default 1000)")
     parser.add_argument("--jobs", type=int, default=1, help="processes (default 1)")
@@ -245,7 +322,12 @@ def main(argv=None) -> int:
     parser.add_argument("--no-write", action="store_true", help="print the table only")
     parser.add_argument("--trials", type=int, default=6, help="tune.trials (default 6, sweeps/tuned.yaml's)")
     parser.add_argument("--replicates", type=int, default=TuneConfig.replicates, help="tune.replicates")
-    args = parser.parse_args(argv)
+    parser.add_argument("--designs", action="store_true", help=f"compare replicates x seeds {DESIGNS} instead")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = _arguments(argv)
     try:
         if args.experiments < 1 or args.jobs < 1:
             raise ValueError(f"--experiments={args.experiments} --jobs={args.jobs}: must be integers >= 1")
@@ -255,16 +337,18 @@ def main(argv=None) -> int:
     except ValueError as err:
         print(f"python -m ddl.tune.simulate: error: {err}", file=sys.stderr)
         return 2
-    load, started = os.getloadavg()[0], time.monotonic()
-    cells = grid(cfg, args.experiments, args.jobs)
-    block = (f"{table(cells, cfg)}\n\n`python -m ddl.tune.simulate --experiments {args.experiments}` on "
-             f"{date.today().isoformat()}, {machine()}, {args.jobs} process(es), load average {load:.1f} at the "
-             f"start: {time.monotonic() - started:.0f} s. Settings: {settings(cfg)}. The bound: alpha + 3 Monte "
-             f"Carlo standard errors of a rate of alpha over {args.experiments} experiments.")
+    started = time.monotonic()
+    cells = designs(cfg, args.experiments, args.jobs) if args.designs else grid(cfg, args.experiments, args.jobs)
+    shown = design_table(cells) if args.designs else table(cells, cfg)
+    block = (f"{shown}\n\n`python -m ddl.tune.simulate --experiments {args.experiments}"
+             f"{' --designs' if args.designs else ''}` on {date.today().isoformat()}, {machine()}: "
+             f"{time.monotonic() - started:.0f} s. Settings: {settings(cfg)}; seed noise sd {World.sd}, a share "
+             f"{CORRELATION} of it shared by two rows at one seed. The bound: alpha + 3 Monte Carlo standard errors "
+             f"of a rate of alpha over {args.experiments} experiments.")
     print(block)
     if not args.no_write:
         try:
-            write(args.write, block)
+            write(args.write, block, *((DESIGNS_BEGIN, DESIGNS_END) if args.designs else (BEGIN, END)))
         except ValueError as err:
             print(f"python -m ddl.tune.simulate: error: {err}", file=sys.stderr)
             return 2
