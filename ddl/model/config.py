@@ -27,6 +27,11 @@ Knob semantics (paper sections 3-4, appendix B; the reference implementation whe
   muP but gives no recipe): every Linear N(0, init_std), output projections init_std/sqrt(2L),
   biases 0, conv kernels U(+-1/sqrt(K)). Both: norm weights 1, read vector w_p = read_init,
   beta's bias logit(beta_init/2), the EC expander the identity.
+- init_streams: where those normal draws come from. 'per_parameter': each matrix from a stream of
+  its own, seeded by the run's seed and the parameter's name, so that two rows at one seed start
+  every parameter they share alike (common random numbers: pairing by seed removes that share of
+  the noise); 'sequential': one stream in parameter order (a DDL row's extra maps shift every draw
+  after them), how runs were initialised before the field existed.
 - norm_eps: every RMSNorm's eps (block, QK and final norms); 1e-5 as in the reference code.
 - qk_norm: 'after_rope' (the reference: rotate q, k, then RMSNorm each head) or 'before_rope'
   (RMSNorm, then rotate: how checkpoints written before reference parity were trained).
@@ -68,6 +73,7 @@ MAPPINGS = ("k", "v")
 BETA_ESTIMATORS = ("linear", "mlp")
 KERNELS = ("fused", "compiled")
 INITS = ("reference", "gpt2")
+INIT_STREAMS = ("per_parameter", "sequential")
 PARAMS = ("sp", "mup")
 CC_PADDINGS = ("centered", "causal")
 QK_NORMS = ("after_rope", "before_rope")
@@ -80,7 +86,7 @@ DDL_KNOBS = ("dv", "conv", "mapping", "beta_init", "beta_estimator", "beta_hidde
 # Fields added after run signatures were first written, with the value every earlier run had: at
 # that value a field is left out of the run's effective config, so earlier signatures still hold.
 LATER_FIELDS = dict(n_h=1, param="sp", mup_base_width=128, state_dtype="auto", logit_mult=1.0, embed_lr_mult=1.0,
-                    depth_param="none", depth_base=4)
+                    depth_param="none", depth_base=4, init_streams="sequential")
 # What a config saved before these fields existed was built with (a checkpoint written before
 # reference parity): loading it with these values computes the function it was trained as.
 PRE_PARITY = dict(init="gpt2", norm_eps=1e-6, qk_norm="before_rope", cc_padding="causal")
@@ -124,6 +130,7 @@ class ModelConfig:
     rope_base: float = 10000.0
     init: str = "reference"
     init_std: float = 0.02
+    init_streams: str = "sequential"
     norm_eps: float = 1e-5
     qk_norm: str = "after_rope"
     cc_padding: str = "centered"
@@ -146,6 +153,7 @@ class ModelConfig:
         _need_choice("beta_estimator", self.beta_estimator, BETA_ESTIMATORS)
         _need_choice("kernels", self.kernels, KERNELS)
         _need_choice("init", self.init, INITS)
+        _need_choice("init_streams", self.init_streams, INIT_STREAMS)
         _need_choice("qk_norm", self.qk_norm, QK_NORMS)
         _need_choice("cc_padding", self.cc_padding, CC_PADDINGS)
         _need_choice("param", self.param, PARAMS)
@@ -177,7 +185,7 @@ class ModelConfig:
     @classmethod
     def from_saved(cls, fields: dict) -> "ModelConfig":
         """A config read back from a checkpoint; fields it predates take their PRE_PARITY values."""
-        return cls(**{**PRE_PARITY, **fields})
+        return cls(**{**LATER_FIELDS, **PRE_PARITY, **fields})
 
     @property
     def head_dim(self) -> int:

@@ -7,6 +7,7 @@ reference code's choices (ModelConfig: init, norm_eps, qk_norm, cc_padding).
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
@@ -199,7 +200,7 @@ class GPT(nn.Module):
                 std = hidden_std / math.sqrt(init_depth(self.cfg))
             else:
                 std = hidden_std
-            nn.init.normal_(p, 0.0, std)
+            self._normal_(name, p, std)
 
     def _init_gpt2(self) -> None:
         std = self.cfg.init_std
@@ -207,9 +208,19 @@ class GPT(nn.Module):
         for name, module in self.named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 is_out = f"{name}.weight".endswith(OUTPUT_PROJECTIONS)
-                nn.init.normal_(module.weight, 0.0, residual_out_std if is_out else std)
+                self._normal_(f"{name}.weight", module.weight, residual_out_std if is_out else std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
+
+    def _normal_(self, name: str, p: torch.Tensor, std: float) -> None:
+        """N(0, std) into p: from torch's global stream in parameter order (init_streams=sequential), or from a
+        stream of p's own, seeded by the seed torch was given and p's name (per_parameter)."""
+        if self.cfg.init_streams == "sequential":
+            nn.init.normal_(p, 0.0, std)
+            return
+        digest = hashlib.sha256(f"{torch.initial_seed()}:{name}".encode()).digest()
+        stream = torch.Generator(device=p.device).manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+        nn.init.normal_(p, 0.0, std, generator=stream)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         B, T = idx.shape
