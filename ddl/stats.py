@@ -40,6 +40,7 @@ class Difference:
     low: float | None
     high: float | None
     reference: float              # the reference's mean over the paired seeds
+    correlation: float | None = None   # of the arm's and the reference's values across the seeds (3 or more)
 
     @property
     def relative(self) -> float | None:
@@ -70,7 +71,20 @@ def paired(arm: Mapping, reference: Mapping, confidence: float = CONFIDENCE) -> 
     if std <= SAME * max(1.0, *map(abs, diffs)):   # equal up to rounding: no spread
         return Difference(n, mean, 0.0, None, None, reference_mean)
     half = t_quantile(n, confidence) * std / math.sqrt(n)
-    return Difference(n, mean, std, mean - half, mean + half, reference_mean)
+    return Difference(n, mean, std, mean - half, mean + half, reference_mean,
+                      correlation([arm[s] for s in seeds], [reference[s] for s in seeds]))
+
+
+def correlation(x: list[float], y: list[float]) -> float | None:
+    """Pearson's r of two series; None under three points or where one has no spread."""
+    n = len(x)
+    if n < 3:
+        return None
+    mx, my = sum(x) / n, sum(y) / n
+    sxx, syy = sum((a - mx) ** 2 for a in x), sum((b - my) ** 2 for b in y)
+    if not sxx or not syy:
+        return None
+    return sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True)) / math.sqrt(sxx * syy)
 
 
 def seeds_to_resolve(std: float, effect: float, confidence: float = CONFIDENCE) -> int | None:

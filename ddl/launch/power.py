@@ -211,7 +211,8 @@ def pilot_text(job: Job, gpus: int) -> str:
     cost = job_cost(dataclasses.replace(job, run=dataclasses.replace(job.run, model=model)), gpus)
     price = f"{PILOT_SEEDS * cost.gpu_hours:.3g} GPU-h" if cost.cpu_seconds is None else \
         f"{PILOT_SEEDS * cost.cpu_seconds / 60:.3g} core-min"
-    return f"a pilot that tells: {PILOT_SEEDS} baseline seeds at {setting_text(job)} (+variant=baseline seed=0,1,2), {price}"
+    return (f"a pilot that tells: {PILOT_SEEDS} baseline seeds at {setting_text(job)} (+variant=baseline "
+            f"seed=0,1,2), {price}")
 
 
 def seeds_needed(spread: Spread | None, detect: float, alpha: float, limit: int, pilot: str) -> int:

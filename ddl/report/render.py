@@ -51,7 +51,7 @@ def comparison(table: Table, key: str) -> tuple[list[str], list[list[str]]]:
     headers = ["Model", f"{table.unit}s", f"Δ at equal tokens [{table.interval}]", "Δ %", "verdict"] + \
         ([f"Δ % at equal compute ({COMPUTE_MEASURES[table.measure]}) [{table.interval}]", "verdict at equal compute",
           "how"] if at_compute else []) + [f"paper Δ % ({s})" for s in sizes] + \
-        ["seeds needed: ours" + (f" / paper's ({sizes[0]})" if sizes else "")] * (table.unit == "seed")
+        ["seeds needed: ours" + (f" / paper's ({sizes[0]})" if sizes else ""), "r at a seed"] * (table.unit == "seed")
     higher_is_better = next(c.higher_is_better for c in table.columns if c.key == key)
     lines = []
     for row in table.rows:
@@ -63,7 +63,7 @@ def comparison(table: Table, key: str) -> tuple[list[str], list[list[str]]]:
         compute = at_compute_cells(cell.compute) if at_compute else []
         if d is None:
             lines.append([row_label(row), str(cell.n), f"no baseline run with a shared {table.unit}", "", ""] + compute
-                         + paper + [""] * (table.unit == "seed"))
+                         + paper + ["", ""] * (table.unit == "seed"))
             continue
         interval = "" if d.low is None else \
             f" [{_signed(d.low, table.evaluation)}, {_signed(d.high, table.evaluation)}]"
@@ -76,7 +76,7 @@ def comparison(table: Table, key: str) -> tuple[list[str], list[list[str]]]:
         paper_gap = f"the paper's gap at {sizes[0]} is {paper[0]}" if paper and paper[0] else ""
         lines.append([row_label(row), str(d.n), _signed(d.mean, table.evaluation) + interval, relative,
                       d.verdict(higher_is_better) + resolvable(d, 1 - CONFIDENCE, table.unit, paper_gap)]
-                     + compute + paper + [needed] * (table.unit == "seed"))
+                     + compute + paper + [needed, _r(d.correlation)] * (table.unit == "seed"))
     return headers, lines
 
 
@@ -90,6 +90,11 @@ def resolvable(d, alpha: float, unit: str, paper: str = "") -> str:
     else:
         said = f"could resolve >= {100 * detectable(d.std, d.n, alpha) / abs(d.reference):.2g}%"
     return f" ({said}{'; ' + paper if paper else ''})"
+
+
+def _r(correlation: float | None) -> str:
+    """The rows' correlation across seeds: the share of a seed's noise pairing removes (docs/results.md)."""
+    return "" if correlation is None else f"{correlation:+.2f}"
 
 
 def relative_text(d) -> str:
