@@ -256,13 +256,16 @@ def _row_key(job: Job) -> str:
 
 
 def _baseline_key(job: Job, keys: dict[str, Job]) -> str | None:
-    """The key of the row's baseline among the sweep's rows: the baseline of its size, data, schedule and replica."""
+    """The key of the row's baseline among the sweep's rows: the baseline of its backbone, data, schedule and
+    replica."""
     run = job.run
+    if run.model.residual == "baseline":
+        return None
+    backbone = dataclasses.replace(run.model, residual="baseline").effective()
     for key, other in keys.items():
         base = other.run
-        if (base.model.residual == "baseline" and run.model.residual != "baseline" and base.replica == run.replica
-                and size_name(base.model) == size_name(run.model) and base.data == run.data
-                and base.train == run.train):
+        if (base.model.residual == "baseline" and base.model.effective() == backbone and base.replica == run.replica
+                and base.data == run.data and base.train == run.train):
             return key
     return None
 
@@ -311,8 +314,9 @@ def plan_seeds(launcher, plan, gpus: int):
     for key, base in pairs.items():
         shared = {j.run.seed for j in rows[key]} & {j.run.seed for j in rows[base]}
         compared.setdefault(base, []).append((rows[key][0], Design(len(shared))))
-    return plan, sized + [line for base, designs in compared.items()
-                  for line in statement(designs, spreads[base], pilot_text(rows[base][0], gpus))]
+    return plan, sized + list(dict.fromkeys(line for base, designs in compared.items()
+                                            for line in statement(designs, spreads[base], pilot_text(rows[base][0],
+                                                                                                     gpus))))
 
 
 def _seed_range(group: list[Job], n: int) -> list[int]:
