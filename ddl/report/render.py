@@ -81,9 +81,9 @@ def comparison(table: Table, key: str) -> tuple[list[str], list[list[str]]]:
 
 
 def resolvable(d, alpha: float, unit: str, paper: str = "") -> str:
-    """Beside a verdict of "not resolved": the smallest gap, in % of the reference, its units (seeds, replicates)
-    would resolve with 80% power at their spread and level (ddl.stats.detectable); and the paper's gap."""
-    if d is None or d.resolved or d.reference == 0:
+    """Beside a verdict: the smallest gap, in % of the reference, its units (seeds, replicates) resolve with 80%
+    power at their spread and level (ddl.stats.detectable), what "not resolved" rules out; and the paper's gap."""
+    if d is None or d.reference == 0:
         return ""
     if d.n < 2 or not d.std:
         said = f"one {unit}: resolves no gap" if d.n < 2 else "no spread to size it from"
