@@ -113,16 +113,21 @@ def test_a_goal_beyond_max_seeds_names_what_would_reach_it(ddl_home):
 
 def test_a_store_of_the_papers_numbers_logged_by_hand_reports(ddl_home):
     """Table 3 as finished runs with only model.size, model.row and seed: the report pairs them, says one seed
-    resolves no gap beside the paper's, and has no equal-compute value for runs with no parameter count."""
+    resolves no gap beside the paper's, and has no equal-compute value for runs with no parameter count; --docs
+    writes its tables for docs/."""
     from ddl.report.tables import paper_values
     paper = paper_values()
     losses = paper[(paper["table"] == "table3") & (paper["metric"] == "val_loss")]
     for size, rows in losses.groupby("size"):
         log_runs("paper", {(row, 0): float(v) for row, v in zip(rows["model"], rows["value"], strict=True)},
                  {"model.size": size})
-    out = run_cli("ddl-report", "--experiment", "paper", "--out", str(ddl_home.parent / "reports"))
+    docs = ddl_home.parent / "docs"
+    out = run_cli("ddl-report", "--experiment", "paper", "--out", str(ddl_home.parent / "reports"), "--docs", str(docs))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "Traceback" not in out.stdout + out.stderr and "Small valid loss against the baseline" in out.stdout
     table = (ddl_home.parent / "reports" / "paper" / "table3.md").read_text()
+    page = (docs / "paper.md").read_text()                   # --docs: the same tables, for docs/results/
+    assert page.startswith(f"# paper\n\nWritten by `ddl-report --experiment paper --docs {docs}` from the store")
+    assert table.split("\n", 1)[1] in page
     assert "| DDL (d_v=4) | 1 | -0.0188 | -0.66% | not resolved (one seed: resolves no gap; the paper's gap at small " \
            "is -0.66%) | no paired value |  | a run logged no parameter count (params.model.params) |" in table

@@ -1,4 +1,5 @@
-"""`ddl-report [--experiment NAME ...] [--out DIR]`: the paper's tables and Figure 2 from MLflow."""
+"""`ddl-report [--experiment NAME ...] [--out DIR] [--docs DIR]`: the paper's tables and Figure 2 from MLflow; with
+--docs, each experiment's tables also as DIR/<experiment>.md, the form docs/results/ quotes (never typed by hand)."""
 
 from __future__ import annotations
 
@@ -17,16 +18,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compute", default="flops", metavar="MEASURE",
                         help="the verdict at equal compute in: flops (training FLOPs, default), cpu or h100 (the "
                              "step times the bench recorded there, ddl/costs.py)")
+    parser.add_argument("--docs", type=Path, default=None, metavar="DIR",
+                        help="also write each experiment's tables as DIR/<experiment>.md (e.g. docs/results)")
     args = parser.parse_args(argv)
     try:
-        return _report(args.experiment, args.out, args.compute)
+        return _report(args.experiment, args.out, args.compute, args.docs)
     except (ValueError, OSError) as err:   # a bad name or --out, a store that cannot be read
         detail = f"{err.filename}: {err.strerror}" if isinstance(err, OSError) and err.strerror else err
         print(f"ddl-report: error: {detail}")
         return 2
 
 
-def _report(names: list[str] | None, out: Path | None, measure: str = "flops") -> int:
+def _report(names: list[str] | None, out: Path | None, measure: str = "flops", docs: Path | None = None) -> int:
     from rich.console import Console
 
     from ..track import store
@@ -53,7 +56,20 @@ def _report(names: list[str] | None, out: Path | None, measure: str = "flops") -
         histories = load_histories(list(runs["run_id"]), ["train/loss", "val/loss"])
         report = build(experiment, runs, histories, out or paths.reports_dir(), load_searches(experiment), measure)
         _print_summary(console, experiment, report)
+        if docs is not None:
+            _write_docs(docs, experiment, report, measure)
     return 0
+
+
+def _write_docs(docs: Path, experiment: str, report, measure: str) -> None:
+    """The report's tables as one Markdown page for docs/, saying the command that wrote it."""
+    docs.mkdir(parents=True, exist_ok=True)
+    command = f"ddl-report --experiment {experiment} --docs {docs}" + (f" --compute {measure}" if measure != "flops"
+                                                                      else "")
+    tables = (report.path / "README.md").read_text().split("\n", 1)[1]
+    paths.write_atomic(docs / f"{experiment}.md", f"# {experiment}\n\nWritten by `{command}` from the store; "
+                                                  f"run it again rather than edit this page.\n{tables}")
+    print(f"docs: {docs / f'{experiment}.md'}")
 
 
 def _print_summary(console, experiment: str, report) -> None:
