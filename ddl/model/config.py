@@ -184,7 +184,7 @@ class ModelConfig:
 
     @classmethod
     def from_saved(cls, fields: dict) -> "ModelConfig":
-        """A config read back from a checkpoint; fields it predates take their PRE_PARITY values."""
+        """A config read back from a checkpoint; fields it predates take the values runs had before them."""
         return cls(**{**LATER_FIELDS, **PRE_PARITY, **fields})
 
     @property
