@@ -28,7 +28,8 @@ MARKS = {"tags.ddl.history_from": ("†", "trained under another experiment's ru
          "tags.ddl.imported_from": ("‡", "imported from a checkpoint of the authors' code (ddl-eval import-reference)")}
 # What a DDL arm and its baseline share (besides data and schedule): everything but the residual rule.
 BACKBONE = tuple(f"params.model.{k}" for k in ("size", "vocab_size", "n_layer", "n_head", "d_model", "max_seq_len",
-                                                 "rope_base", "init", "init_std", "norm_eps", "qk_norm"))
+                                                 "rope_base", "init", "init_std", "init_streams", "norm_eps",
+                                                 "qk_norm"))
 
 
 @dataclass
