@@ -15,6 +15,7 @@ and an installed wheel uses `~/.local/share/ddl`.
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -126,3 +127,17 @@ def write_atomic(path: Path, data: bytes | str | Callable[[BinaryIO], object], d
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def git_state() -> tuple[str, str]:
+    """(the checkout's commit, whether its tracked files differ from it: "true" | "false"); "unknown" outside git."""
+    root = project_root()
+    if root is None:
+        return "unknown", "unknown"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True).stdout.strip()
+        return commit or "unknown", str(bool(dirty)).lower()
+    except OSError:
+        return "unknown", "unknown"

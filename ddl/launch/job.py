@@ -13,7 +13,6 @@ import os
 import platform
 import signal
 import socket
-import subprocess
 import time
 
 from omegaconf import DictConfig, OmegaConf
@@ -26,19 +25,6 @@ from .spec import Job, row_name
 from .table import ProgressLogger, progress_seconds
 
 TRAIN = "train"     # rank 0's decision that the job trains (status.announce)
-
-
-def _git() -> tuple[str, str]:
-    root = paths.project_root()
-    if root is None:
-        return "unknown", "unknown"
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True).stdout.strip()
-        return commit or "unknown", str(bool(dirty)).lower()
-    except OSError:
-        return "unknown", "unknown"
 
 
 def _join_submitit_ddp() -> tuple[str, str | None]:
@@ -58,7 +44,7 @@ def _join_submitit_ddp() -> tuple[str, str | None]:
 
 def _tags(job: Job, launcher: str) -> dict:
     import torch
-    commit, dirty = _git()
+    commit, dirty = paths.git_state()
     tokenizer = job.run.data.tokenizer
     return {"mlflow.source.git.commit": commit, "mlflow.source.name": "ddl-run", "mlflow.source.type": "JOB",
             "ddl.sweep": job.experiment, "ddl.git_commit": commit, "ddl.git_dirty": dirty, "ddl.launcher": launcher,

@@ -292,8 +292,9 @@ def design_table(cells: list[Cell]) -> str:
     return "\n".join(lines)
 
 
-def settings(cfg: TuneConfig) -> str:
-    return (f"tune.trials={cfg.trials}, tune.replicates={cfg.replicates}, tune.parallel={cfg.parallel or 2}, "
+def settings(cfg: TuneConfig, designs: bool = False) -> str:
+    replicates = "replicates and seeds as in each row" if designs else f"tune.replicates={cfg.replicates}"
+    return (f"tune.trials={cfg.trials}, {replicates}, tune.parallel={cfg.parallel or 2}, "
             f"tune.pruner={cfg.pruner} (warmup {cfg.prune_warmup}), tune.bracket_trials={cfg.bracket_trials}, "
             f"tune.max_seeds={cfg.max_seeds}, alpha {cfg.alpha}; train.lr over "
             f"{SPACE[0].spec().split('=', 1)[1]}")
@@ -346,9 +347,12 @@ def main(argv=None) -> int:
     cells = designs(cfg, args.experiments, args.jobs, args.correlation) if args.designs else \
         grid(cfg, args.experiments, args.jobs, args.correlation)
     shown = design_table(cells) if args.designs else table(cells, cfg)
+    from ..paths import git_state
+    commit, dirty = git_state()
     block = (f"{shown}\n\n`python -m ddl.tune.simulate --experiments {args.experiments}"
-             f"{' --designs' if args.designs else ''}` on {date.today().isoformat()}, {machine()}: "
-             f"{time.monotonic() - started:.0f} s. Settings: {settings(cfg)}; seed noise sd {World.sd}, a share "
+             f"{' --designs' if args.designs else ''}` on {date.today().isoformat()} at {commit[:7]}"
+             f"{' (uncommitted changes)' if dirty == 'true' else ''}, {machine()}: {time.monotonic() - started:.0f} s. "
+             f"Settings: {settings(cfg, args.designs)}; seed noise sd {World.sd}, a share "
              f"{args.correlation:g} of it shared by two rows at one seed. The bound: alpha + 3 Monte Carlo "
              f"standard errors of a rate of alpha over {args.experiments} experiments.")
     print(block)
