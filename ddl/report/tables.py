@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from importlib import resources
 
 import pandas as pd
 
@@ -100,7 +99,8 @@ def _beats(cell: Cell, other: Cell, higher_is_better: bool) -> bool:
 
 
 def paper_values() -> pd.DataFrame:
-    return pd.read_csv(resources.files("ddl.report").joinpath("paper_tables.csv").open())
+    from ..paper import table_file
+    return pd.read_csv(table_file().open())
 
 
 def family_and_n_h(row: str) -> tuple[str, int]:
