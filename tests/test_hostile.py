@@ -120,3 +120,12 @@ def test_other_entry_points_refuse_bad_arguments_in_one_line(ddl_home):
     out = run_cli("ddl-ui", "--port", "99999")
     assert out.returncode == 2 and "--port=99999: must be an integer in [1, 65535]" in out.stderr
     assert "Traceback" not in out.stderr and not (ddl_home / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("workers", ["0", "-3", "many"])
+def test_a_bad_worker_count_is_one_line_without_the_usage(ddl_home, workers):
+    out = run_cli("ddl-data", "prepare", "--workers", workers)
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    assert out.returncode == 2 and lines == [f"ddl-data prepare: error: argument --workers: {workers!r}: must be an "
+                                             f"integer >= 1"], lines
+    assert_nothing_created(ddl_home)
