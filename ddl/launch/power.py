@@ -14,10 +14,11 @@ seeds' noise and the two searches' luck (where each landed): LUCK models the lat
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 
-from ..stats import POWER, detectable, units_to_detect
+from ..stats import CONFIDENCE, POWER, detectable, units_to_detect
 from .configs import ConfigError
 from .spec import Job, row_name, size_name
 
@@ -235,8 +236,9 @@ def design_needed(spread: Spread | None, detect: float, alpha: float, limit: int
     """A searched row's cheapest (replicates, seeds), seeds at most `limit`, that resolves `detect`: each replicate
     costs its `trials` and its seeds."""
     target = _target(spread, detect, "a searched row", pilot)
-    fits = [Design(r, s, alpha, True) for s in range(1, limit + 1) for r in range(2, MAX_REPLICATES + 1)
-            if Design(r, s, alpha, True).gap(spread) <= target]
+    fits = [fit for s in range(1, limit + 1)          # at each seed count, the fewest replicates that reach it
+            if (fit := next((d for r in range(2, MAX_REPLICATES + 1)
+                             if (d := Design(r, s, alpha, True)).gap(spread) <= target), None))]
     if not fits:
         floor = Design(MAX_REPLICATES, limit, alpha, True).gap(spread) / spread.loss
         raise ConfigError(f"detect={detect:g}: a gap of {target:.3g} nats needs over {MAX_REPLICATES} replicates of "
@@ -300,14 +302,12 @@ def plan_seeds(launcher, plan, gpus: int):
     rows, pairs = _rows(plan.jobs)
     if not pairs:
         if detect is not None:
-            names = ", ".join(group[0].name for group in rows.values())
-            raise ConfigError(f"detect={detect:g}: the sweep has no row beside a baseline of its size, data and "
-                              f"schedule to compare ({names}); detect sizes a comparison")
+            refuse_without_comparison(detect, [group[0].name for group in rows.values()])
         return plan, []
     spreads = {key: spread(rows[key][0], seed_sd) for key in dict.fromkeys(pairs.values())}
     sized = []
     if detect is not None:
-        alpha, limit = 1 - 0.95, plan.jobs[0].tuning.max_seeds
+        alpha, limit = 1 - CONFIDENCE, plan.jobs[0].tuning.max_seeds
         needed = {key: seeds_needed(spreads[base], detect, alpha, limit, pilot_text(rows[base][0], gpus))
                   for key, base in pairs.items()}
         wanted = {key: max(needed.get(key, 0), *(needed[k] for k, b in pairs.items() if b == key), 0)
@@ -330,5 +330,11 @@ def plan_seeds(launcher, plan, gpus: int):
 def _seed_range(group: list[Job], n: int) -> list[int]:
     """The row's seeds, and fresh ones after its first until it has n."""
     seeds = [job.run.seed for job in group]
-    fresh = (s for s in range(seeds[0], seeds[0] + 10 * n + len(seeds)) if s not in seeds)
-    return seeds + [next(fresh) for _ in range(max(0, n - len(seeds)))]
+    fresh = (s for s in itertools.count(seeds[0]) if s not in seeds)
+    return seeds + list(itertools.islice(fresh, max(0, n - len(seeds))))
+
+
+def refuse_without_comparison(detect: float, rows: list[str]) -> None:
+    """detect= on a sweep that compares no row with a baseline: one ConfigError line naming its rows."""
+    raise ConfigError(f"detect={detect:g}: the sweep has no row beside a baseline of its size, data and schedule to "
+                      f"compare ({', '.join(rows)}); detect sizes a comparison")

@@ -8,9 +8,8 @@ line per running job every DDL_PROGRESS_S seconds (default 30).
 
 from __future__ import annotations
 
-import math
-
 import contextlib
+import math
 import os
 import sys
 import time

@@ -148,21 +148,18 @@ def _sized(launcher, row_overrides: list[list[str]], space: list[Dimension]) -> 
     pairs = _compared(rows)
     if not pairs:
         if detect is not None:
-            raise ConfigError(f"detect={detect:g}: the sweep compares no row with its baseline "
-                              f"({', '.join(row.name for row in rows if row.replicate == 0)}); detect sizes a "
-                              f"comparison")
+            power.refuse_without_comparison(detect, [row.name for row in rows if row.replicate == 0])
         return rows, []
-    spreads = {id(base): power.spread(base.job, seed_sd) for _, base in pairs}
+    spreads = {_setting(base): power.spread(base.job, seed_sd) for _, base in pairs}   # the store read once a setting
     tuning, sized = rows[0].job.tuning, []
     if detect is not None:
-        design = max((power.design_needed(spreads[id(base)], detect, tuning.alpha, tuning.max_seeds,
+        design = max((power.design_needed(spreads[_setting(base)], detect, tuning.alpha, tuning.max_seeds,
                                           tuning.trials + tuning.bracket_trials,
                                           power.pilot_text(base.job, _gpus(launcher))) for _, base in pairs),
                      key=lambda d: d.units * (tuning.trials + tuning.bracket_trials + d.seeds))
         rows = plan_rows(launcher, [[*o, f"tune.replicates={design.units}", f"tune.seeds={design.seeds}"]
                                     for o in row_overrides], space)
         pairs, tuning = _compared(rows), rows[0].job.tuning
-        spreads = {id(base): power.spread(base.job, seed_sd) for _, base in pairs}
         sized = [f"ddl-run: detect={detect:g} sizes each row at tune.replicates={design.units} "
                  f"tune.seeds={design.seeds} (the cheapest in runs, seeds at most tune.max_seeds={tuning.max_seeds})"]
     level = look_levels(tuning.seed_plan, tuning.alpha)[-1]
@@ -172,12 +169,17 @@ def _sized(launcher, row_overrides: list[list[str]], space: list[Dimension]) -> 
         by_base.setdefault(id(base), []).append((first.job, design))
     bases = {id(base): base for _, base in pairs}
     return rows, sized + [line for key, designs in by_base.items()
-                          for line in power.statement(designs, spreads[key],
+                          for line in power.statement(designs, spreads[_setting(bases[key])],
                                                       power.pilot_text(bases[key].job, _gpus(launcher)))]
 
 
 def _gpus(launcher) -> int:
     return launcher.params.get("gpus_per_node") or 0
+
+
+def _setting(row: RowSearch) -> tuple:
+    """What a row's seed spread depends on (ddl.launch.power.setting), which tune.* leaves alone."""
+    return tuple(power.setting(row.job).items())
 
 
 def _compared(rows: list[RowSearch]) -> list[tuple[RowSearch, RowSearch]]:

@@ -74,9 +74,9 @@ class _Row:
         self.size = self.own["params.model.size"].iloc[0]
         replica = self.own.get("params.replica", pd.Series(dtype=object)).dropna()
         self.replica = int(replica.iloc[0]) if not replica.empty else None   # a copy of the row (tuned_aa)
-        self.confirmed = pd.concat([_confirmed(own, best) for _, own, best in self.replicates])
-        self.values = {_replicate_number(p): _confirmation_losses(_confirmed(own, best))
-                       for p, own, best in self.replicates}      # replicate (its parent's tag) -> {seed: loss}
+        confirmed = {_replicate_number(p): _confirmed(own, best) for p, own, best in self.replicates}
+        self.confirmed = pd.concat(confirmed.values())
+        self.values = {r: _confirmation_losses(runs) for r, runs in confirmed.items()}   # replicate -> {seed: loss}
         self.open = [f"{_tag(p, 'tags.ddl.replicate') or 0}: {_tag(p, 'tags.ddl.unbracketed')}"
                      for p, _, _ in self.replicates if _tag(p, "tags.ddl.unbracketed")]
 
