@@ -143,6 +143,12 @@ def test_a_store_of_the_papers_numbers_logged_by_hand_reports(ddl_home):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "Traceback" not in out.stdout + out.stderr and "Small valid loss against the baseline" in out.stdout
     table = (ddl_home.parent / "reports" / "paper" / "table3.md").read_text()
+    blocked = ddl_home.parent / "a_file"
+    blocked.write_text("")
+    refused = run_cli("ddl-report", "--experiment", "paper", "--out", str(ddl_home.parent / "other"), "--docs",
+                      str(blocked / "docs"))                 # a --docs that cannot be made: before any report
+    assert refused.returncode == 2 and refused.stdout.strip().startswith("ddl-report: error: ")
+    assert len(refused.stdout.strip().splitlines()) == 1 and not (ddl_home.parent / "other").exists()
     page = (docs / "paper.md").read_text()                   # --docs: the same tables, for docs/results/
     assert page.startswith(f"# paper\n\nWritten by `ddl-report --experiment paper --docs {docs}` from the store")
     assert table.split("\n", 1)[1] in page

@@ -52,6 +52,8 @@ def _report(names: list[str] | None, out: Path | None, measure: str = "flops", d
             return 2
         check_measure(runs, measure)                # a measure that cannot price a row: before any report is written
         found[experiment] = runs
+    if docs is not None:
+        docs.mkdir(parents=True, exist_ok=True)     # a --docs that cannot be made: refused before any report
     for experiment, runs in found.items():
         histories = load_histories(list(runs["run_id"]), ["train/loss", "val/loss"])
         report = build(experiment, runs, histories, out or paths.reports_dir(), load_searches(experiment), measure)
@@ -63,7 +65,6 @@ def _report(names: list[str] | None, out: Path | None, measure: str = "flops", d
 
 def _write_docs(docs: Path, experiment: str, report, measure: str) -> None:
     """The report's tables as one Markdown page for docs/, saying the command that wrote it."""
-    docs.mkdir(parents=True, exist_ok=True)
     command = f"ddl-report --experiment {experiment} --docs {docs}" + (f" --compute {measure}" if measure != "flops"
                                                                       else "")
     tables = (report.path / "README.md").read_text().split("\n", 1)[1]
