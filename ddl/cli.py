@@ -198,7 +198,11 @@ def _leave_nothing() -> None:
 
 
 def _run_one(cfg):
+    from hydra.core.hydra_config import HydraConfig
+
     from .launch.job import run_task
+    from .launch.spec import check_single_run
+    check_single_run(cfg, list(HydraConfig.get().overrides.task))
     if cfg.dry_run:
         import shutil
         from .launch.spec import Job

@@ -122,6 +122,29 @@ def test_other_entry_points_refuse_bad_arguments_in_one_line(ddl_home):
     assert "Traceback" not in out.stderr and not (ddl_home / "mlflow.db").exists()
 
 
+@pytest.mark.parametrize("args, message", [
+    (["-m", "hydra/launcher=slurm", "hydra.launcher.prepare_cpus_per_task=0", "--dry-run"],
+     "hydra.launcher.prepare_cpus_per_task=0: must be an integer >= 1"),
+    (["train.warmup_frac=0.1", "train.warmup_steps=5"],
+     "train.warmup_steps=5: train.warmup_frac=0.1 sets the warmup (round(0.1 * train.steps)); give one"),
+    (["-m", "+sweep=transfer", "train.warmup_steps=5", "--dry-run"],
+     "train.warmup_steps=5: train.warmup_frac=0.052 sets the warmup"),
+    (["-m", "residual=ddl,baseline", "tune.trials=5"], "tune.trials=5: nothing is searched, so a plain run would "
+                                                       "ignore it; search a key"),
+    (["tune.replicates=2"], "tune.replicates=2: nothing is searched"),
+])
+def test_a_setting_the_run_would_ignore_is_one_line(ddl_home, args, message):
+    flags = args[:1] if args[:1] == ["-m"] else []
+    out = run_cli("ddl-run", *flags, *SMOKE, *args[len(flags):])
+    assert_one_line(out, "ddl-run: error: ", message)
+    assert_nothing_created(ddl_home)
+
+
+def test_what_a_plain_sweep_reads_of_tune_is_taken(ddl_home):
+    out = run_cli("ddl-run", "-m", *SMOKE, "residual=ddl,baseline", "tune.max_seeds=5", "--dry-run")
+    assert out.returncode == 0 and "2 distinct jobs" in out.stdout, out.stderr[-2000:]
+
+
 @pytest.mark.parametrize("workers", ["0", "-3", "many"])
 def test_a_bad_worker_count_is_one_line_without_the_usage(ddl_home, workers):
     out = run_cli("ddl-data", "prepare", "--workers", workers)

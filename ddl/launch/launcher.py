@@ -105,6 +105,18 @@ class SweepLauncher(BaseSubmititLauncher):
                                   f"{', '.join(map(str, fitting[:3])) or 'none'}, or "
                                   f"train.activation_checkpointing=true")
 
+    # Counts of a job's (or the prepare job's) resources: null takes SLURM's default where the key may be null.
+    COUNTS = ("nodes", "tasks_per_node", "cpus_per_task", "timeout_min", "mem_gb", "prepare_cpus_per_task",
+              "prepare_mem_gb", "prepare_timeout_min")
+
+    def check_params(self) -> None:
+        """One line for a launcher setting no job script can carry: a string off one line, a count below 1."""
+        for key, value in self.params.items():   # each one may become a line of a job script
+            if isinstance(value, str) and not value.isprintable():
+                raise ConfigError(f"hydra.launcher.{key}={value!r}: must be printable, on one line")
+            if key in self.COUNTS and value is not None and not (isinstance(value, int) and value >= 1):
+                raise ConfigError(f"hydra.launcher.{key}={value}: must be an integer >= 1")
+
     # -- submission -------------------------------------------------------------------------
     def executor(self):
         """Upstream's executor, built as its `launch` builds it inline (no method of its own to call)."""
@@ -130,9 +142,7 @@ class SweepLauncher(BaseSubmititLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from .table import job_table, progress_seconds   # rich: not for every ddl-run (Hydra imports launchers)
         with self.refusal_leaves_nothing():
-            for key, value in self.params.items():   # each one may become a line of a job script
-                if isinstance(value, str) and not value.isprintable():
-                    raise ConfigError(f"hydra.launcher.{key}={value!r}: must be printable, on one line")
+            self.check_params()
             progress_seconds()                       # a bad DDL_PROGRESS_S or DDL_LOST_AFTER_S is one line,
             cluster.lost_after_seconds()             # before anything runs
             gpus = self.params.get("gpus_per_node") or 0

@@ -75,6 +75,30 @@ def power_goal(cfg: DictConfig) -> tuple[float | None, float | None]:
     return detect, seed_sd
 
 
+def _given(overrides: list[str]) -> dict[str, str]:
+    """key -> value of the overrides the user gave (`+key=v`, `~key` alike)."""
+    return {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[-1] for o in overrides}
+
+
+def check_warmup(cfg: DictConfig, overrides: list[str]) -> None:
+    """Warmup steps given beside a warmup share is one line: the share sets the warmup, the steps would be ignored."""
+    given, frac = _given(overrides), OmegaConf.select(cfg, "train.warmup_frac")
+    if "train.warmup_steps" in given and frac is not None:
+        raise ConfigError(f"train.warmup_steps={given['train.warmup_steps']}: train.warmup_frac={frac} sets the "
+                          f"warmup (round({frac} * train.steps)); give one: train.warmup_frac=null to set the steps")
+
+
+def check_single_run(cfg: DictConfig, overrides: list[str]) -> None:
+    """A run without -m: its warmup (check_warmup), and a search's setting (tune.*) on a run no search launched is
+    one line (it would train a plain run and ignore it)."""
+    from ..tune.space import PLAIN_TUNE_KEYS, unsearched_line
+    check_warmup(cfg, overrides)
+    given = _given(overrides)
+    unsearched = [k for k in given if k.startswith("tune.") and k not in PLAIN_TUNE_KEYS]
+    if unsearched and not OmegaConf.select(cfg, "tune.role"):
+        raise ConfigError(unsearched_line(unsearched[0], given[unsearched[0]]))
+
+
 def experiment_name(cfg: DictConfig) -> str:
     """The MLflow experiment (also a directory name under reports/ and mlartifacts/)."""
     return valid_experiment(cfg.experiment)
@@ -127,6 +151,7 @@ class Job:
     @classmethod
     def from_config(cls, cfg: DictConfig, overrides: list[str] = ()) -> "Job":
         """The validated job of one composed config: every error is one ConfigError line."""
+        check_warmup(cfg, overrides)
         tuning = tune_config(cfg)
         detect, seed_sd = power_goal(cfg)
         job = cls(list(overrides), run_config(cfg), experiment_name(cfg), eval_config(cfg), tuning=tuning,

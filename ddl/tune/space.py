@@ -124,10 +124,23 @@ def split(overrides) -> tuple[list, list[Dimension]]:
         else:
             space.append(found)
     seeds = next((o for o in rows if _key(o) == "seed" and o.is_sweep_override()), None)
+    unsearched = next((o for o in rows if _key(o).startswith("tune.") and _key(o) not in PLAIN_TUNE_KEYS), None)
+    if not space and unsearched is not None:
+        raise ValueError(unsearched_line(_key(unsearched), unsearched.get_value_string()))
     if space and seeds is not None:
         raise ValueError(f"seed={seeds.get_value_string()}: a seed list beside a searched key would search "
                          f"each seed again; a search reruns its best values at tune.seeds seeds (e.g. tune.seeds=3)")
     return rows, space
+
+
+# What a sweep that searches nothing reads of tune.*: detect='s cap on a row's seeds (ddl.launch.power).
+PLAIN_TUNE_KEYS = ("tune.max_seeds",)
+
+
+def unsearched_line(key: str, value: str) -> str:
+    """The refusal of a search's setting where no key is searched (it would train plain runs and ignore it)."""
+    return (f"{key}={value}: nothing is searched, so a plain run would ignore it; search a key "
+            f"(e.g. train.lr=tag(log, interval(3e-4, 3e-2))) or drop {key}")
 
 
 def _key(override) -> str:
