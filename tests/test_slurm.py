@@ -41,6 +41,32 @@ def test_a_sweep_runs_as_real_sbatch_jobs_and_a_failure_is_failed(slurm, ddl_hom
     assert all(r.data.tags["ddl.error"].startswith("NonFiniteLoss") for r in runs if r.info.status == "FAILED")
 
 
+def test_a_job_slurm_would_keep_pending_for_ever_is_cancelled_with_the_key_to_change(slurm, ddl_home):
+    """More CPUs a task than the node has: SLURM keeps the jobs pending (PartitionConfig) and never says no; the
+    sweep cancels them once silent for DDL_LOST_AFTER_S, each with its line, and none is left in the queue."""
+    out = run_cli("ddl-run", "-m", "residual=ddl,baseline", *MICRO, *SLURM, "hydra.launcher.cpus_per_task=64",
+                  "experiment=stuck", env_extra={"DDL_LOST_AFTER_S": "2", "COLUMNS": "400"})
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    line = ("was cancelled: SLURM keeps it pending for ever (PartitionConfig): it asks more than the partition's "
+            "nodes have: lower hydra.launcher.cpus_per_task, mem_gb or gpus_per_node, or set hydra.launcher.partition")
+    assert " ".join(out.stdout.split()).count(line) == 2 and "0 finished, 0 skipped, 2 failed" in out.stdout
+    assert _squeue("-h", "-t", "pending") == "" and mlflow_runs("stuck") == []
+
+
+def test_a_slurm_client_that_refuses_is_a_warning_line_and_a_job_that_started_is_not(slurm, capsys):
+    from ddl.launch import data_jobs
+    done = subprocess.run(["sbatch", "--parsable", "--wait", "--wrap", "true"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    data_jobs.release([done])                      # it ended: nothing left to release, nothing to say
+    data_jobs.release(["999999"])
+    data_jobs.cancel(["abc"])
+    said = capsys.readouterr().err.splitlines()
+    assert said == ["ddl-run: warning: scontrol of job 999999 failed (Invalid job id specified for job 999999): "
+                    "clear it by hand: scontrol update JobId=999999 Dependency=",
+                    "ddl-run: warning: scancel of job abc failed (scancel: error: Invalid job id abc): SLURM ends "
+                    "them itself (--kill-on-invalid-dep=yes), or scancel them"], said
+
+
 @pytest.mark.slow
 def test_a_two_task_slurm_job_trains_with_ddp_ranks_from_submitit(slurm, ddl_home):
     """tasks_per_node=2: one sbatch job, srun starts two tasks, each joins DDP from the environment

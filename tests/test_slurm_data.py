@@ -15,7 +15,7 @@ import pytest
 
 from ddl.data import DataConfig, prepare
 from ddl.data.sources import units
-from tests.conftest import mlflow_runs, run_cli
+from tests.conftest import VENV_BIN, mlflow_runs, run_cli
 from tests.test_prepare import dataset_files, make_corpus
 from tests.test_slurm import MICRO, SLURM
 
@@ -167,3 +167,55 @@ def test_a_prepare_job_that_fails_fails_its_jobs_with_its_one_line(slurm, ddl_ho
     assert error in out.stderr                                   # the prepare's line, once, as it ends
     assert subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip() == ""
     assert mlflow_runs("data_failed") == []
+
+
+def _queued(leaving_out: str) -> dict[str, tuple[str, str]]:
+    """job id -> (state, reason) of the queue's jobs but one."""
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i|%j|%T|%r"], capture_output=True, text=True).stdout
+    rows = [line.split("|") for line in out.splitlines() if line.strip()]
+    return {job_id: (name, state, reason) for job_id, name, state, reason in rows if job_id != leaving_out}
+
+
+@pytest.mark.slow
+def test_dependents_of_a_failed_prepare_end_with_no_launcher_alive_and_a_rerun_prepares_and_trains(
+        slurm, ddl_home, tmp_path):
+    """The prepare job at its defaults (32 CPUs, 64 GB: more than the private node has) is sized to the node and
+    scheduled. The sweep's own process SIGKILLed while its jobs wait, the prepare job then failing (a file of the
+    glob that is not UTF-8), SLURM ends the dependents itself (--kill-on-invalid-dep): none pends. The sweep run
+    again, the file mended, prepares and trains."""
+    from tests.test_slurm import SLURM
+    corpus = tmp_path / "corpus"
+    make_corpus(corpus, n_docs=100)
+    defaults = [arg for arg in SLURM if not arg.startswith("hydra.launcher.prepare_")]
+    sweep = ["ddl-run", "-m", "residual=ddl,baseline", *MICRO, *defaults, "data=files", f"data.files={corpus}/*.txt",
+             "data.bpe_vocab=512", "experiment=orphans"]
+    cpus = subprocess.run(["sinfo", "-h", "-N", "-o", "%c"], capture_output=True, text=True).stdout.split()[0]
+    blocker = subprocess.run(["sbatch", "--parsable", "-c", cpus, "--wrap", "sleep 600"], capture_output=True,
+                             text=True, check=True).stdout.strip()     # the node busy: the prepare job waits
+    try:
+        launcher = subprocess.Popen([str(VENV_BIN / "ddl-run"), *sweep[1:]], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, env={**os.environ, **WIDE})
+        deadline = time.monotonic() + 120
+        while len(_queued(blocker)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        launcher.kill()
+        launcher.wait()
+        queued = _queued(blocker)
+        [prepare_id] = [job_id for job_id, (name, *_) in queued.items() if name.endswith("-prepare")]
+        assert len(queued) == 3 and all(state == "PENDING" for _, state, _ in queued.values()), queued
+        (corpus / "latin1.txt").write_bytes("Un café au lait. ".encode("latin-1") * 20)
+    finally:
+        subprocess.run(["scancel", blocker], check=True)
+    deadline = time.monotonic() + 180
+    while any(state in ("PENDING", "RUNNING") for _, state, _ in _queued(blocker).values()):
+        assert time.monotonic() < deadline, _queued(blocker)
+        time.sleep(0.5)
+    ended = _queued(blocker)
+    assert ended.pop(prepare_id)[1] == "FAILED"
+    assert [state for _, state, _ in ended.values()] == ["CANCELLED", "CANCELLED"], ended   # by SLURM itself
+
+    (corpus / "latin1.txt").unlink()
+    again = run_cli(*sweep, timeout=400, env_extra=WIDE)
+    said = again.stdout + again.stderr
+    assert again.returncode == 0 and "2 finished, 0 skipped, 0 failed" in again.stdout, said[-4000:]
+    assert f"prepare_cpus_per_task=32, prepare_mem_gb=64 lowered to {cpus} CPUs" in said

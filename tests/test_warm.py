@@ -60,7 +60,7 @@ def test_an_uncaught_error_is_reported_from_the_scripts_own_frame(tmp_path):
 
 
 def test_a_blocked_signal_stays_blocked_in_the_child(script, tmp_path):
-    """A sweep's jobs start with SIGINT blocked (the launcher's _children_ignore_sigint): so do warm ones."""
+    """A sweep's jobs start with SIGINT blocked (ddl.launch.submission._children_ignore_sigint): so do warm ones."""
     code = ("import signal, subprocess, sys; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}); "
             "sys.exit(subprocess.run(sys.argv[1:]).returncode)")
     hot = _run([sys.executable, "-c", code, *WARM, str(script), "0"], tmp_path)

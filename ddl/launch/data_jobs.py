@@ -4,9 +4,11 @@ A job prepares its missing dataset itself (ddl.train), but in a sweep every job 
 lock, each holding its GPUs. So the sweep launcher looks first (a manifest under DDL_HOME/data, nothing
 written) and prepares each missing dataset once: the local launcher here, on the machine's cores, before
 it submits a job; the SLURM launcher as one CPU-only job per dataset (`hydra.launcher.prepare_*`), every
-training job that reads it submitted with `--dependency=afterok` on it. A prepare job that fails, or
-leaves the queue without a result, fails its dependents with its one line (they are cancelled rather than
-left pending for ever); the sweep run again resumes the preparation where it stopped.
+training job that reads it submitted with `--dependency=afterok` on it and `--kill-on-invalid-dep=yes`, so
+that SLURM ends them if it fails even when no launcher is left to. A prepare job that fails, leaves the queue
+without a result, or would pend for ever (more CPUs or memory than a node has: the job asks at most what the
+partition's largest node has) fails its dependents with its one line; the sweep run again resumes the
+preparation where it stopped.
 """
 
 from __future__ import annotations
@@ -49,11 +51,29 @@ def missing(jobs: list[Job]) -> list[DataNeed]:
 
 
 def prepare_cpus(launcher) -> int:
-    """The CPUs a preparation gets: the prepare job's on SLURM, this machine's (or allocation's) here."""
+    """The CPUs a preparation gets: the prepare job's on SLURM (`prepare_size`), this machine's (or allocation's)
+    here."""
     if launcher._EXECUTOR == "slurm":
-        return int(launcher.params.get("prepare_cpus_per_task") or 1)
+        return prepare_size(launcher)[0]
     from ..cpus import cpu_threads
     return cpu_threads()
+
+
+def prepare_size(launcher) -> tuple[int, int | None, str]:
+    """(CPUs, GB, a note) of the prepare job: hydra.launcher.prepare_cpus_per_task and prepare_mem_gb, each at
+    most what the partition's largest node has (sinfo), so that the default (32 CPUs, 64 GB) is scheduled on a
+    smaller node rather than kept pending for ever; the note says what was lowered."""
+    from . import cluster
+    params = launcher.params
+    cpus, mem_gb = int(params.get("prepare_cpus_per_task") or 1), params.get("prepare_mem_gb")
+    partition = params.get("prepare_partition") or params.get("partition")
+    node = cluster.largest_node(partition)
+    if node is None or (cpus <= node[0] and (mem_gb is None or mem_gb * 1024 <= node[1])):
+        return cpus, mem_gb, ""
+    fit_cpus, fit_gb = min(cpus, node[0]), mem_gb and min(mem_gb, node[1] // 1024)
+    where = f"partition {partition}" if partition else "the default partition"
+    return fit_cpus, fit_gb, (f"prepare_cpus_per_task={cpus}, prepare_mem_gb={mem_gb} lowered to {fit_cpus} CPUs, "
+                              f"{fit_gb} GB: the largest node of {where}")
 
 
 def estimate(need: DataNeed, cpus: int) -> tuple[float, float]:
@@ -85,11 +105,12 @@ def plan(needs: list[DataNeed], launcher) -> tuple[list[tuple[str, str, float]],
         return [], ""
     if launcher._EXECUTOR != "slurm":
         return [], f"Data first, here: {_each(needs, launcher)} ({RATE})."
-    cpus = prepare_cpus(launcher)
+    cpus, _, lowered = prepare_size(launcher)
     rows = [(need.name, f"{_where(launcher, cpus, seconds)}; {plural(len(need.jobs), 'job')} wait on it", tokens)
             for need, (tokens, seconds) in ((need, estimate(need, cpus)) for need in needs)]
     return rows, (f"Data first: each prepare job runs before the jobs that read its dataset, which are submitted "
-                  f"with --dependency=afterok on it (its time {RATE}).")
+                  f"with --dependency=afterok on it and --kill-on-invalid-dep=yes (SLURM ends them if it fails) "
+                  f"(its time {RATE})." + (f" The prepare job's {lowered}." if lowered else ""))
 
 
 def search_sentence(needs: list[DataNeed], launcher) -> str:
@@ -157,9 +178,10 @@ class PrepareJob:
         return self.handle.job_id
 
     def dependency(self) -> dict:
-        """The sbatch option of a job that reads this dataset: none once it is prepared (SLURM forgets an
-        ended job after MinJobAge; afterok on a job it no longer knows is refused)."""
-        return {} if self.done else {"dependency": f"afterok:{self.job_id}"}
+        """The sbatch options of a job that reads this dataset: after this one succeeds, and ended by SLURM if it
+        does not (the sweep's process may be gone by then); none once it is prepared (SLURM forgets an ended job
+        after MinJobAge; afterok on a job it no longer knows is refused)."""
+        return {} if self.done else {"dependency": f"afterok:{self.job_id}", "kill_on_invalid_dep": "yes"}
 
     def poll(self) -> bool:
         """Whether it ended, this call: prepared, failed (its error line) or lost (left the queue without a
@@ -174,13 +196,17 @@ class PrepareJob:
         if time.monotonic() < self.next_check:
             return False
         self.next_check = time.monotonic() + self.every_s
-        gone = cluster.ended({self.job_id: self.handle})
+        mine, states = {self.job_id: self.handle}, cluster.queue([self.job_id])
+        gone, stuck = cluster.without_result(mine, states), cluster.stuck(mine, states)
         if gone:
             state = gone[self.job_id].lower().replace("_", " ") or "cancelled, or its node failed"
             self.error = (f"prepare job {self.job_id} of {self.need.name} left the queue without a result ({state}); "
                           f"run the sweep again to resume it")
-            return True
-        return False
+        elif stuck:
+            cancel([self.job_id])
+            self.error = (f"prepare job {self.job_id} of {self.need.name} was cancelled: "
+                          f"{cluster.never_clears(stuck[self.job_id], prepare=True)}")
+        return bool(gone or stuck)
 
 
 def _error_line(failure: BaseException) -> str:
@@ -196,14 +222,18 @@ def submit(launcher, needs: list[DataNeed]) -> dict[str, PrepareJob]:
     """One CPU-only SLURM job per dataset (hydra.launcher.prepare_*): dataset name -> its PrepareJob."""
     executor = launcher.executor()
     params = launcher.params
-    extra = {k: v for k, v in (params.get("additional_parameters") or {}).items() if k != "dependency"}
+    extra = {k: v for k, v in (params.get("additional_parameters") or {}).items()
+             if k not in ("dependency", "kill_on_invalid_dep")}
+    cpus, mem_gb, lowered = prepare_size(launcher)
+    if lowered:
+        print(f"ddl-run: the prepare job's {lowered}", flush=True)
     executor.update_parameters(
-        name=f"{params.get('name') or 'ddl'}-prepare", cpus_per_task=prepare_cpus(launcher), gpus_per_node=0,
-        tasks_per_node=1, nodes=1, timeout_min=params["prepare_timeout_min"], mem_gb=params.get("prepare_mem_gb"),
+        name=f"{params.get('name') or 'ddl'}-prepare", cpus_per_task=cpus, gpus_per_node=0,
+        tasks_per_node=1, nodes=1, timeout_min=params["prepare_timeout_min"], mem_gb=mem_gb,
         slurm_partition=params.get("prepare_partition") or params.get("partition"), slurm_gres=None,
         slurm_constraint=None, slurm_cpus_per_gpu=None, slurm_gpus_per_task=None, slurm_mem_per_gpu=None,
         slurm_additional_parameters=extra)
-    cpus, jobs = prepare_cpus(launcher), {}
+    jobs = {}
     for need in needs:
         tokens, seconds = estimate(need, cpus)
         handle = executor.submit(PrepareTask(), need.data.to_dict(), cpus)
@@ -214,18 +244,33 @@ def submit(launcher, needs: list[DataNeed]) -> dict[str, PrepareJob]:
 
 
 def cancel(job_ids: list[str]) -> None:
-    """scancel the jobs waiting on a dataset that will not come (their dependency can never be met)."""
-    if job_ids:
-        subprocess.run(["scancel", *job_ids], capture_output=True, timeout=60)
+    """scancel the jobs waiting on a dataset that will not come (their dependency can never be met; SLURM ends
+    them too, by --kill-on-invalid-dep); a refusal is a warning line naming them."""
+    _slurm(["scancel", *job_ids], job_ids, "SLURM ends them itself (--kill-on-invalid-dep=yes), or scancel them")
 
 
 def release(job_ids: list[str]) -> None:
     """Their dataset is prepared: the jobs' dependency cleared, lest SLURM keep them pending for ever where the
     prepare job wrote its result yet ended otherwise than COMPLETED (cancelled as it finished). A job that
-    started already refuses the update; nothing else changes."""
-    if job_ids:
-        subprocess.run(["scontrol", "update", f"JobId={','.join(job_ids)}", "Dependency="], capture_output=True,
-                       timeout=60)
+    started, or ended, already refuses the update, which changes nothing; any other refusal is a warning line."""
+    _slurm(["scontrol", "update", f"JobId={','.join(job_ids)}", "Dependency="], job_ids,
+           f"clear it by hand: scontrol update JobId={','.join(job_ids)} Dependency=",
+           benign=("no longer pending", "already finished"))
+
+
+def _slurm(command: list[str], job_ids: list[str], remedy: str, benign: tuple[str, ...] = ()) -> None:
+    """Run a SLURM client on these jobs; one warning line where it fails for a reason not in `benign`."""
+    if not job_ids:
+        return
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        said = [line for line in out.stderr.splitlines() if line.strip()]
+        failed = out.returncode != 0 and not all(any(b in line for b in benign) for line in said)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        said, failed = [str(err)], True
+    if failed:
+        print(f"ddl-run: warning: {command[0]} of job {', '.join(job_ids)} failed "
+              f"({said[0].strip() if said else 'exit ' + str(out.returncode)}): {remedy}", file=sys.stderr, flush=True)
 
 
 def report(prepare: PrepareJob) -> None:

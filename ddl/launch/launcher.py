@@ -15,12 +15,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
-from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra.core.utils import JobReturn, filter_overrides
 from hydra.errors import HydraException
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
@@ -36,14 +34,7 @@ from .compose import JobConfigs
 from .configs import ConfigError
 from .plan import Plan, make_plan
 from .spec import Job
-
-
-class Result(NamedTuple):
-    """How a job of the sweep ended, as its summary row says."""
-    state: str
-    detail: str
-    job_return: JobReturn | None = None
-    reused_from: str | None = None       # the experiment whose run it reused
+from .submission import Result, Submission
 
 
 class SweepFailed(RuntimeError):
@@ -250,150 +241,5 @@ class SweepLauncher(BaseSubmititLauncher):
 
     def run_jobs(self, jobs: list[Job], shown: list[Job], first_idx: int, stop: DeferredSignals,
                  waits: dict[str, data_jobs.PrepareJob] | None = None) -> dict[str, Result]:
-        """Submit the jobs (at most `limit` at once) and wait for them, the `shown` ones in the live table,
-        until each has a result or, on a cluster, is lost. A job whose dataset a prepare job makes (`waits`:
-        dataset name -> it) is submitted depending on it, and fails with its error if it fails. On a stop
-        request nothing more is submitted, and local jobs get SIGTERM (they checkpoint and end KILLED);
-        cluster jobs still queued go on."""
-        from .table import live_table
-        waits = waits or {}
-        executor = self.executor() if jobs else None
-        pending = list(enumerate(jobs, start=first_idx))
-        running: dict[str, Any] = {}
-        outcomes: dict[str, Result] = {}
-        limit = self.bound(len(jobs))
-        watch = cluster.LostJobs(cluster.lost_after_seconds())
-        prepared_by = {job.signature: waits.get(job.run.data.dataset_name()) for job in jobs}
-        for job in jobs:   # the label is the job's name for the sweep: its MLflow run takes it (job.run_task)
-            prepare = prepared_by[job.signature]
-            status.write(paths.runs_dir() / job.signature, state="queued", name=job.name, label=job.label, step=0,
-                         steps=job.run.train.steps, reused_from=None, error=None,
-                         note=f"{data_jobs.WAITING} (SLURM job {prepare.job_id})" if prepare else None)
-        with live_table(shown, "SLURM job" if self._EXECUTOR == "slurm" else None) as refresh:
-            while pending or running:
-                for signature, handle in list(running.items()):
-                    if _has_ended(handle):
-                        outcomes[signature] = self.outcome(handle, paths.runs_dir() / signature)
-                        del running[signature]
-                for prepare in waits.values():
-                    if prepare.poll():
-                        data_jobs.report(prepare)
-                        if prepare.done:
-                            data_jobs.release([h.job_id for sig, h in running.items() if prepared_by[sig] is prepare])
-                    if prepare.error:
-                        pending = self.fail_waiting(prepare, pending, running, prepared_by, outcomes)
-                for signature, state in watch.lost(_on_cluster(running)).items():
-                    outcomes[signature] = self.lost(running.pop(signature), signature, state)
-                if stop.received:
-                    outcomes.update({job.signature: Result("not started", "the sweep was stopped first")
-                                     for _, job in pending})
-                    pending = []
-                    gone = cluster.ended(_on_cluster(running))
-                    for signature, handle in list(running.items()):
-                        if signature in gone:
-                            outcomes[signature] = self.lost(running.pop(signature), signature, gone[signature])
-                        elif not self._stop_local_job(handle):
-                            outcomes[signature] = Result("left running", f"on the cluster as job {handle.job_id}")
-                            del running[signature]
-                while pending and len(running) < limit and not stop.received:   # a Ctrl-C while submitting
-                    idx, job = pending.pop(0)
-                    if waits:          # after its dataset's prepare job, while that one has not ended
-                        prepare = prepared_by[job.signature]
-                        executor.update_parameters(slurm_additional_parameters={
-                            **(self.params.get("additional_parameters") or {}), **(prepare.dependency() if prepare
-                                                                                  else {})})
-                    with _children_ignore_sigint():
-                        running[job.signature] = executor.submit(self, job.overrides, "hydra.sweep.dir", idx,
-                                                                 f"job_id_for_{idx}", Singleton.get_state())
-                refresh({s: h.job_id for s, h in running.items()})
-                time.sleep(1.0)
-        return outcomes
-
-    @staticmethod
-    def fail_waiting(prepare: data_jobs.PrepareJob, pending: list, running: dict, prepared_by: dict,
-                     outcomes: dict) -> list:
-        """Its dataset will not come: the jobs waiting on a failed or lost prepare job fail with its line, those
-        in the queue cancelled (their dependency can never be met), those not submitted never are. The rest of
-        `pending` is returned."""
-        waiting = {sig for sig, by in prepared_by.items() if by is prepare and sig not in outcomes}
-        data_jobs.cancel([running[sig].job_id for sig in waiting if sig in running])
-        detail = f"{data_jobs.WAITING} (failed: {prepare.error})"
-        for signature in waiting:
-            running.pop(signature, None)
-            status.write(paths.runs_dir() / signature, state="failed", error=prepare.error, note=None)
-            outcomes[signature] = Result("failed", detail)
-        return [(idx, job) for idx, job in pending if job.signature not in waiting]
-
-    @staticmethod
-    def _stop_local_job(handle) -> bool:
-        """SIGTERM to a local job's controller, which passes it to its tasks; False for a cluster job."""
-        controller = _local_controller(handle)
-        if controller is None:
-            return False
-        with contextlib.suppress(ProcessLookupError):
-            controller.send_signal(signal.SIGTERM)
-        return True
-
-    @staticmethod
-    def lost(handle, signature: str, state: str) -> Result:
-        """A cluster job that left the queue without a result: its status and MLflow run say so (job.close_lost)."""
-        from .job import close_lost
-        why = (f"left the queue without a result ({state.lower().replace('_', ' ') or 'cancelled, or its node failed'})"
-               f"; re-run the sweep to resume it")
-        close_lost(signature, why)
-        return Result(status.LOST, f"{why}  (log: {handle.paths.stderr})")
-
-    @staticmethod
-    def outcome(handle, run_dir: Path) -> Result:
-        """(state, detail, JobReturn): the job's own error line when it wrote one, else submitit's."""
-        if _local_controller(handle) is not None:
-            # A local job's process has exited: its result file is on this host's disk, or never will be.
-            # submitit polls 15 s for one a cluster's network filesystem may not show yet, a killed or
-            # crashed job's wait, one job after another, before the summary.
-            handle._results_timeout_s = 0
-        try:
-            result, error = handle.results()[0], None
-        except Exception as err:  # the job process died or raised outside Hydra's run_job
-            result, error = None, err
-        if result is not None and result.status != JobStatus.FAILED:
-            value = result.return_value or {}
-            final = value.get("final")
-            detail = f"val/loss {final.get('val/loss', float('nan')):.4f}" if final else value.get("detail", "")
-            note = status.read(run_dir).get("note")        # what the store did meanwhile (an outage)
-            return Result(value.get("status", "finished"), f"{detail}; {note}" if note else detail, result)
-        if error is None:
-            error = result._return_value  # Hydra keeps the task's exception here
-        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-        recorded = status.read(run_dir)
-        detail = recorded.get("error") or (lines[-1] if lines else type(error).__name__)
-        state = "killed" if recorded.get("state") == "killed" else "failed"
-        return Result(state, f"{detail}  (log: {handle.paths.stderr})", result)
-
-
-def _local_controller(handle):
-    """The process submitit started for a local job (it runs the job's tasks); None for a cluster job."""
-    return getattr(handle, "_process", None)
-
-
-def _on_cluster(running: dict) -> dict:
-    return {signature: handle for signature, handle in running.items() if _local_controller(handle) is None}
-
-
-def _has_ended(handle) -> bool:
-    """A local job has ended when its process has; a cluster job when its result is there (without one,
-    whether it is lost is cluster.LostJobs' to judge: submitit's `done()` would ask sacct)."""
-    return handle.done() if _local_controller(handle) is not None else cluster.has_result(handle)
-
-
-@contextlib.contextmanager
-def _children_ignore_sigint():
-    """A job started here ignores Ctrl-C: the terminal's SIGINT reaches the whole process group, and submitit's
-    local controller would SIGKILL its tasks a second later, before they close their runs; the launcher stops
-    them with SIGTERM instead. SIGINT is blocked while the job is submitted: its processes inherit the mask,
-    where a SIGINT waits for ever, and a Ctrl-C that arrives meanwhile waits for the sweep, whose handler takes
-    it as the block ends (ignoring the signal instead, as the sweep once did, lost it)."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        """Submit the jobs and wait for each to end (ddl.launch.submission): signature -> its Result."""
+        return Submission(self, jobs, first_idx, stop, waits or {}).run(shown)
