@@ -238,3 +238,30 @@ def test_the_data_bench_measures_each_tokenizer_on_one_and_two_workers(tmp_path,
     assert set(result["loader"]) == {"cpu B=16", "cpu B=24"}
     text = (tmp_path / "out" / "prepare.md").read_text()
     assert "| bpe | 2 |" in text and "50B on 64 cores (h)" in text and "gpt2 stand-in (tiktoken" in text
+
+
+def test_a_prepare_killed_mid_way_whose_glob_gained_a_file_builds_the_new_glob_afresh(tmp_path, monkeypatch, capfd):
+    """A resume never splices two sources: a build killed mid-way, a file then added to its glob, is built again
+    from the start (the line names the file), to the bytes of a clean build of the new glob."""
+    corpus = make_corpus(tmp_path / "corpus", n_docs=300)
+    cfg = DataConfig(source="files", files=corpus, tokenizer="byte")
+    root = tmp_path / "killed"
+    progress = root / f"{cfg.dataset_name()}.partial" / dataset.PROGRESS
+    child = multiprocessing.get_context("spawn").Process(target=_prepare_in_child,
+                                                         args=(cfg, root, SHARD_TOKENS, 60.0))
+    child.start()
+    deadline = time.monotonic() + 120
+    while not progress.is_file() and child.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(30)
+    assert not json.loads(progress.read_text())["finished"]
+    added = tmp_path / "corpus" / "a00b.txt"                    # listed among the first files: before the kill's
+    added.write_text(" ".join(_words()[:400]))                  # position, which a splice would skip
+    monkeypatch.setattr(dataset, "SHARD_TOKENS", SHARD_TOKENS)
+    rebuilt = prepare(cfg, root=root, progress=False, workers=2)
+    assert (f"ddl-data: {cfg.dataset_name()}: 1 file added ({added}) since its interrupted build; building it afresh"
+            in capfd.readouterr().err)
+    fresh = prepare(cfg, root=tmp_path / "fresh", progress=False, workers=1)
+    assert dataset_files(rebuilt) == dataset_files(fresh)
+    assert json.loads(dataset_files(rebuilt)["manifest.json"])["fingerprint"]["files"] == 24

@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--encoding-errors", choices=ENCODING_ERRORS, default=DataConfig.encoding_errors,
                       help="a byte the encoding cannot decode: refuse the file, replace it with U+FFFD, or drop it")
     prep.add_argument("--fineweb-name", default=DataConfig.fineweb_name, help="Hub id or local parquet glob")
+    prep.add_argument("--fineweb-config", default=DataConfig.fineweb_config, help="the Hub dataset's config")
+    prep.add_argument("--fineweb-revision", default=DataConfig.fineweb_revision, help="the Hub commit to stream")
     prep.add_argument("--tokens", type=int, default=DataConfig.fineweb_tokens, help="fineweb_edu token budget")
     prep.add_argument("--bpe-vocab", type=int, default=DataConfig.bpe_vocab)
     prep.add_argument("--workers", type=_workers, default=None,
@@ -57,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         from .dataset import MANIFEST, open_dataset, prepare
         cfg = DataConfig(source=args.source, tokenizer=args.tokenizer, files=args.files, encoding=args.encoding,
                          encoding_errors=args.encoding_errors, fineweb_name=args.fineweb_name,
+                         fineweb_config=args.fineweb_config, fineweb_revision=args.fineweb_revision,
                          fineweb_tokens=args.tokens, bpe_vocab=args.bpe_vocab)
         existed = (paths.data_dir() / cfg.dataset_name() / MANIFEST).is_file()
         path = prepare(cfg, force=args.force, workers=args.workers)

@@ -9,6 +9,7 @@ import io
 import json
 import platform
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from ..validation import failure, is_int, is_number
 
@@ -16,6 +17,9 @@ SOURCES = ("embedded", "python_source", "files", "fineweb_edu")
 TOKENIZERS = ("byte", "bpe", "gpt2")
 ENCODING_ERRORS = ("strict", "replace", "ignore")   # what a byte the encoding cannot decode does (Python's names)
 GPT2_VOCAB = 50257
+# The commit of HuggingFaceFW/fineweb-edu a Hub source streams (data.fineweb_revision): a dataset built from the Hub
+# names it, so a resume after an upstream update never mixes two revisions.
+FINEWEB_REVISION = "87f09149ef4734204d70ed1d046ddc9ca3f2b8f9"
 VAL_FRACTION = 0.1   # the share of documents held out by default (the offline eval task reads the embedded one's)
 
 
@@ -25,6 +29,11 @@ _fail = failure("data")
 def python_source_versions() -> dict[str, str]:
     """What the python_source text (ddl.data.sources) is a function of: part of its dataset's name."""
     return {"python": platform.python_version(), "torch": importlib.metadata.version("torch")}
+
+
+def is_local(name: str) -> bool:
+    """A local parquet glob or folder, not a Hub id (`org/name`)."""
+    return name.endswith(".parquet") or name.startswith(("/", ".", "~")) or Path(name).exists()
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,7 @@ class DataConfig:
     fineweb_name: str = "HuggingFaceFW/fineweb-edu"   # a Hub id, or a local parquet glob
     fineweb_config: str = "sample-10BT"
     fineweb_tokens: int = 100_000_000
+    fineweb_revision: str = FINEWEB_REVISION          # the Hub commit streamed (a local glob ignores it)
     val_fraction: float = VAL_FRACTION
     bpe_vocab: int = 4096
 
@@ -47,7 +57,7 @@ class DataConfig:
             _fail("tokenizer", self.tokenizer, f"must be one of {', '.join(TOKENIZERS)}")
         if self.source == "files" and not self.files:
             _fail("files", self.files, "source=files needs a glob of .txt/.jsonl/.parquet files")
-        for key in ("files", "fineweb_name", "fineweb_config"):
+        for key in ("files", "fineweb_name", "fineweb_config", "fineweb_revision"):
             if getattr(self, key) is not None and not isinstance(getattr(self, key), str):
                 _fail(key, getattr(self, key), "must be a string")
         try:                                          # what open() takes: a text encoding Python knows
@@ -72,6 +82,8 @@ class DataConfig:
             params.update({key: value for key, value in decoding.items() if value != getattr(DataConfig, key)})
         if self.source == "fineweb_edu":
             params.update(name=self.fineweb_name, config=self.fineweb_config, tokens=self.fineweb_tokens)
+            if not is_local(self.fineweb_name):
+                params["revision"] = self.fineweb_revision
         if self.source == "python_source":
             params.update(python_source_versions())
         if self.tokenizer == "bpe":

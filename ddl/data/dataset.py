@@ -8,7 +8,9 @@
 `prepare` builds into `<name>.partial/` under a file lock, records its progress after every
 flushed shard and, between shards, about every second with the next shards' tokens so far
 (`pending_<split>.tokens`), so an interrupted prepare resumes there; it renames the directory
-at the end.
+at the end. A resume is of the same source: the build records its fingerprint (each file's path,
+size and mtime, or the Hub revision, and the unit size), and one whose source changed starts
+afresh; the manifest keeps the fingerprint's digest.
 Its workers tokenize the source's units in parallel (ddl.data.parallel); the parent writes the
 documents in the source's order, so the shards and the manifest are the same bytes whatever the
 number of workers, and whether or not the build was interrupted.
@@ -37,13 +39,14 @@ from ..validation import is_int
 from .config import DataConfig
 from .parallel import tokenized
 from .progress import Meter
-from .sources import documents, is_val, units
+from .sources import documents, fingerprint, is_val, units, what_changed
 from .tokenizers import BPETokenizer, Tokenizer, load_tokenizer
 
 FORMAT = 1
 MANIFEST = "manifest.json"
 PROGRESS = "progress.json"
 VERIFIED = "verified.json"   # shard -> (size, mtime) whose sha256 matched the manifest's
+SOURCE = "source.json"       # an unfinished build's source fingerprint (ddl.data.sources.fingerprint)
 SHARD_TOKENS = 1 << 24  # 32 MiB of uint16 per shard
 RECORD_EVERY_S = 1.0    # between two flushes, the position and the buffers are saved at most this often
 SPLITS = ("train", "val")
@@ -166,8 +169,8 @@ class _Build:
     position (unit, documents of it) is recorded with each flush and, between them, at most every
     RECORD_EVERY_S after a unit, with the buffers saved: a kill loses at most that much work."""
 
-    def __init__(self, cfg: DataConfig, work: Path):
-        self.cfg, self.work = cfg, work
+    def __init__(self, cfg: DataConfig, work: Path, source: Iterable):
+        self.cfg, self.work, self.source = cfg, work, source
         self.state = _progress(work)
         kept = self.state.get("pending", {})
         self.writers = {s: _SplitWriter(work, s, self.state[s], kept.get(s, 0)) for s in SPLITS}
@@ -194,7 +197,7 @@ class _Build:
         tokenizer = _tokenizer_for(self.cfg, self.work)
         state, name = self.state, self.cfg.dataset_name()
         if not state["finished"]:
-            source = units(self.cfg)
+            source = self.source
             left = source[state["unit"]:] if isinstance(source, list) else None
             workers = min(workers, max(1, len(left))) if left is not None else workers
             meter = Meter(name, workers, self.written, self.budget,
@@ -283,7 +286,9 @@ def prepare(cfg: DataConfig, root: Path | None = None, force: bool = False, prog
         fresh = not work.exists()
         work.mkdir(exist_ok=True)
         try:
-            built = _Build(cfg, work).run(workers or cpu_threads(), progress)
+            source = units(cfg)
+            source_fingerprint = _same_source(work, fingerprint(cfg, source), name)
+            built = _Build(cfg, work, source).run(workers or cpu_threads(), progress)
         except ValueError:          # bad input: nothing worth resuming, nothing left
             if fresh:
                 shutil.rmtree(work)
@@ -292,13 +297,34 @@ def prepare(cfg: DataConfig, root: Path | None = None, force: bool = False, prog
             raise
         manifest = {     # no date, no worker count: the same bytes however and whenever it was built
             "format": FORMAT, "name": name, "dtype": "uint16", "source": cfg.source_params(), **built,
+            "fingerprint": source_fingerprint,
             "bytes_per_token": {s: built["splits"][s]["bytes"] / built["splits"][s]["tokens"] for s in SPLITS},
         }
         manifest["unigram_xent_val"] = _unigram_cross_entropy(work, manifest)
         (work / PROGRESS).unlink()
+        (work / SOURCE).unlink()
         _write_json(work / MANIFEST, manifest)
         os.replace(work, final)
     return final
+
+
+def _same_source(work: Path, found: dict, name: str) -> dict:
+    """The build in `work` is of the source `found` (its fingerprint): an interrupted build of another (a file added
+    to the glob, one changed, another unit size) starts afresh, saying what changed, rather than splice the two.
+    Returns what the manifest records of it: the fingerprint's digest, its file count and unit size."""
+    path, recorded = work / SOURCE, None
+    with contextlib.suppress(OSError, ValueError):
+        recorded = json.loads(path.read_text())
+    if recorded != found and any(work.iterdir()):
+        print(f"ddl-data: {name}: {what_changed(recorded, found)} since its interrupted build; building it afresh",
+              file=sys.stderr, flush=True)
+        for stale in list(work.iterdir()):
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+    if recorded != found:
+        _write_json(path, found)
+    digest = hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()
+    return {"sha256": digest, "files": len(found.get("files", [])), "unit_bytes": found["unit_bytes"],
+            **({"revision": found["revision"]} if "revision" in found else {})}
 
 
 class Split:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .config import DataConfig
+from .config import DataConfig, is_local
 
 MIN_DOC_CHARS = 1000
 UNIT_BYTES = 1 << 20     # about the text of one worker's task: small files are grouped up to it
@@ -115,10 +115,40 @@ def units(cfg: DataConfig) -> Iterable[Unit]:
         return list(_grouped("python", map(str, files), [f.stat().st_size for f in files]))
     if cfg.source == "files":
         return _file_units(cfg, "files", cfg.files, _glob(cfg.files, "files"))
-    if _is_local(cfg.fineweb_name):
+    if is_local(cfg.fineweb_name):
         return _file_units(cfg, "fineweb_name", cfg.fineweb_name, _glob(_parquet_glob(cfg.fineweb_name), "fineweb_name",
                                                                            cfg.fineweb_name))
     return _streamed_units(cfg)
+
+
+def fingerprint(cfg: DataConfig, listed: Iterable[Unit]) -> dict:
+    """What a build's positions (unit, document) count in: the unit size, and each file's path, size and mtime
+    (a listed source) or the Hub revision (a stream). A build resumed on another fingerprint would splice two
+    sources (ddl.data.dataset)."""
+    found: dict = {"unit_bytes": UNIT_BYTES}
+    if isinstance(listed, list):
+        files = sorted({path for unit in listed for path in unit.paths})
+        found["files"] = [[path, stat.st_size, stat.st_mtime_ns] for path, stat in ((p, os.stat(p)) for p in files)]
+    else:
+        found["revision"] = cfg.fineweb_revision
+    return found
+
+
+def what_changed(before: dict | None, now: dict) -> str:
+    """How two fingerprints differ, in words: 'its unit size changed (1048576 -> 65536 bytes)', '1 file added
+    (/data/c.txt)', ..."""
+    if before is None:
+        return "it recorded no fingerprint of its source"
+    if before.get("unit_bytes") != now["unit_bytes"]:
+        return f"its unit size changed ({before.get('unit_bytes')} -> {now['unit_bytes']} bytes)"
+    if before.get("revision") != now.get("revision"):
+        return f"its Hub revision changed ({before.get('revision')} -> {now.get('revision')})"
+    old, new = ({path: (size, mtime) for path, size, mtime in f.get("files", [])} for f in (before, now))
+    changes = [(what, sorted(paths)) for what, paths in (
+        ("added", new.keys() - old.keys()), ("removed", old.keys() - new.keys()),
+        ("changed", {path for path in old.keys() & new.keys() if old[path] != new[path]})) if paths]
+    return ", ".join(f"{len(paths)} file{'s' if len(paths) > 1 else ''} {what} ({paths[0]}"
+                     f"{', ...' if len(paths) > 1 else ''})" for what, paths in changes)
 
 
 def documents(cfg: DataConfig) -> Iterator[str]:
@@ -148,11 +178,6 @@ def _glob(pattern: str, key: str, shown: str | None = None) -> list[str]:
     if not found:
         raise ValueError(f"data.{key}={shown or pattern!r}: matches no file")
     return found
-
-
-def _is_local(name: str) -> bool:
-    """A local parquet glob or folder, not a Hub id (`org/name`)."""
-    return name.endswith(".parquet") or name.startswith(("/", ".", "~")) or Path(name).exists()
 
 
 def _parquet_glob(name: str) -> str:
@@ -289,7 +314,8 @@ def _streamed_units(cfg: DataConfig) -> Iterator[Unit]:
     """FineWeb-Edu's rows streamed from the Hub (`datasets`), as batches of about UNIT_BYTES of text."""
     try:
         from datasets import load_dataset
-        rows = load_dataset(cfg.fineweb_name, name=cfg.fineweb_config, split="train", streaming=True)
+        rows = load_dataset(cfg.fineweb_name, name=cfg.fineweb_config, revision=cfg.fineweb_revision, split="train",
+                            streaming=True)
     except Exception as err:
         reason = (str(err).strip().splitlines() or [""])[0][:200]
         raise ValueError(
