@@ -55,8 +55,8 @@ def test_a_job_slurm_would_keep_pending_for_ever_is_cancelled_with_the_key_to_ch
 
 def test_a_slurm_client_that_refuses_is_a_warning_line_and_a_job_that_started_is_not(slurm, capsys):
     from ddl.launch import data_jobs
-    done = subprocess.run(["sbatch", "--parsable", "--wait", "-o", "/dev/null", "--wrap", "true"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    done = subprocess.run(["sbatch", "--parsable", "--wait", "-o", "/dev/null", "--wrap", "true"], capture_output=True,
+                          text=True, check=True).stdout.strip()
     data_jobs.release([done])                      # it ended: nothing left to release, nothing to say
     data_jobs.release(["999999"])
     data_jobs.cancel(["abc"])

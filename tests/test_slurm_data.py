@@ -190,8 +190,9 @@ def test_dependents_of_a_failed_prepare_end_with_no_launcher_alive_and_a_rerun_p
     sweep = ["ddl-run", "-m", "residual=ddl,baseline", *MICRO, *defaults, "data=files", f"data.files={corpus}/*.txt",
              "data.bpe_vocab=512", "experiment=orphans"]
     cpus = subprocess.run(["sinfo", "-h", "-N", "-o", "%c"], capture_output=True, text=True).stdout.split()[0]
-    blocker = subprocess.run(["sbatch", "--parsable", "-c", cpus, "-o", "/dev/null", "--wrap", "sleep 600"], capture_output=True,
-                             text=True, check=True).stdout.strip()     # the node busy: the prepare job waits
+    blocker = subprocess.run(["sbatch", "--parsable", "-c", cpus, "-o", "/dev/null", "--wrap", "sleep 600"],
+                             capture_output=True, text=True, check=True).stdout.strip()   # the node busy: the prepare
+    #                                                                                               job waits
     try:
         launcher = subprocess.Popen([str(VENV_BIN / "ddl-run"), *sweep[1:]], stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL, env={**os.environ, **WIDE})
