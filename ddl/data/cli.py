@@ -39,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--fineweb-revision", default=DataConfig.fineweb_revision, help="the Hub commit to stream")
     prep.add_argument("--tokens", type=int, default=DataConfig.fineweb_tokens, help="fineweb_edu token budget")
     prep.add_argument("--bpe-vocab", type=int, default=DataConfig.bpe_vocab)
+    prep.add_argument("--val-fraction", type=float, default=DataConfig.val_fraction, help="the held-out share")
     prep.add_argument("--workers", type=_workers, default=None,
                       help="processes that tokenize (default: the CPUs of the machine, or of the SLURM job)")
     prep.add_argument("--force", action="store_true", help="rebuild a finished dataset")
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = DataConfig(source=args.source, tokenizer=args.tokenizer, files=args.files, encoding=args.encoding,
                          encoding_errors=args.encoding_errors, fineweb_name=args.fineweb_name,
                          fineweb_config=args.fineweb_config, fineweb_revision=args.fineweb_revision,
-                         fineweb_tokens=args.tokens, bpe_vocab=args.bpe_vocab)
+                         fineweb_tokens=args.tokens, bpe_vocab=args.bpe_vocab, val_fraction=args.val_fraction)
         existed = (paths.data_dir() / cfg.dataset_name() / MANIFEST).is_file()
         path = prepare(cfg, force=args.force, workers=args.workers)
     except ValueError as err:
