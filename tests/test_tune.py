@@ -373,6 +373,47 @@ def test_two_homes_racing_one_search_make_one_parent_each_trial_and_confirmation
     assert len(trained) == len(set(trained)) == 12 and all(r.info.status == "FINISHED" for r in runs)
 
 
+def test_a_trial_number_two_homes_claim_at_once_is_trained_by_at_most_one(ddl_home):
+    """The race start times cannot settle: B, stamped later, looked before A's run landed and passed; A, stamped
+    earlier, passes its first look too (B started later). Each marks itself won, then looks again: the later
+    second look (A's) sees B's mark, and A leaves. Without the second look both trained trial 2 (two values)."""
+    from ddl.track import searches, store
+    c, experiment = store.client(), "raced-numbers"
+    tags = {searches.SEARCH_TAG: "s", searches.ROLE_TAG: "trial", searches.TRIAL_TAG: "2"}
+    b = c.create_run(store.experiment_id(experiment), start_time=2000, tags={**tags, store.SIGNATURE_TAG: "b"})
+    assert searches.trial_taken(experiment, "s", 2, "b", besides=b) is None          # A has not landed
+    a = c.create_run(store.experiment_id(experiment), start_time=1000, tags={**tags, store.SIGNATURE_TAG: "a"})
+    assert searches.trial_taken(experiment, "s", 2, "a", besides=a) is None          # B was stamped later
+    c.set_tag(b.info.run_id, searches.WON_TAG, "1")
+    assert searches.trial_won_elsewhere(experiment, "s", 2, b) is None               # A not marked yet: B trains
+    c.set_tag(a.info.run_id, searches.WON_TAG, "1")
+    assert searches.trial_won_elsewhere(experiment, "s", 2, a).startswith(f"trial 2 is MLflow run {b.info.run_id}")
+    other = c.create_run(store.experiment_id(experiment), tags={**tags, searches.TRIAL_TAG: "3",
+                                                                 searches.WON_TAG: "1"})
+    assert searches.trial_won_elsewhere(experiment, "s", 3, other) is None           # its own mark is no rival
+
+
+@pytest.mark.slow
+def test_two_homes_racing_a_search_over_a_range_number_each_trial_once(team_server, tmp_path):
+    """Over a continuous range the two homes' draws differ, so one trial number may be asked with two values at
+    once: each number is trained by one run (the claim's two looks), and the numbers run 0..trials-1."""
+    from mlflow.tracking import MlflowClient
+    search = ["-m", "residual=baseline", "train.lr=tag(log, interval(1e-3, 3e-2))", "tune.trials=4", "tune.seeds=1",
+              "tune.replicates=1", "tune.bracket_trials=0", "tune.pruner=none", "model=micro", "train=smoke",
+              "train.steps=10", "experiment=raced-range"]
+    homes = [subprocess.Popen([*console_script("ddl-run"), *search], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "DDL_HOME": str(tmp_path / home),
+                                              "MLFLOW_TRACKING_URI": team_server.uri})
+             for home in "ab"]
+    outs = [home.communicate(timeout=1200) for home in homes]
+    assert [home.returncode for home in homes] == [0, 0], [out[1][-3000:] for out in outs]
+    client = MlflowClient(team_server.uri)
+    runs = client.search_runs([client.get_experiment_by_name("raced-range").experiment_id])
+    numbers = sorted(int(r.data.tags["ddl.trial"]) for r in runs if r.data.tags.get("ddl.role") == "trial")
+    assert numbers == [0, 1, 2, 3], [(r.data.tags.get("ddl.trial"), r.data.tags.get("ddl.home", "")[-1],
+                                      r.info.status) for r in runs]
+
+
 @pytest.mark.slow
 def test_sync_brings_a_search_back_with_its_parent(searched, tmp_path):
     """The home's journals into an empty store: every run of the search is there, each child under its parent."""

@@ -144,6 +144,8 @@ def _run_claimed(cfg: DictConfig, job: Job, run_dir, launcher: str, job_key: str
     # Another home started it at the same moment, and first, or has finished it since the look above: this home
     # leaves it (a job of several tasks, whose ranks have met already, goes on).
     rival = store.running_elsewhere(job.signature, besides=opened) or _trial_taken(job, besides=opened)
+    if not rival and job.tuning.role == "trial" and job_key is None:
+        rival = _trial_won_elsewhere(job, run, opened)
     done = None if rival else store.finished(job.signature, job.experiment, evaluations)
     if (rival or done) and job_key is None:
         run.lose_claim(rival or f"MLflow run {done.run_id}, finished meanwhile")
@@ -170,6 +172,14 @@ def _trial_taken(job: Job, besides=None) -> str | None:
         return None
     from ..track import searches
     return searches.trial_taken(job.experiment, tuning.search, tuning.trial, job.signature, besides)
+
+
+def _trial_won_elsewhere(job: Job, run, opened) -> str | None:
+    """The trial number's claim, second look (searches.trial_won_elsewhere): this run marked won, then another
+    run of the number marked so."""
+    from ..track import searches
+    run.set_tags({searches.WON_TAG: "1"})
+    return searches.trial_won_elsewhere(job.experiment, job.tuning.search, job.tuning.trial, opened)
 
 
 def _train(cfg: DictConfig, job: Job, run_dir, run, trainer, launcher: str) -> dict:

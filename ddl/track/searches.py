@@ -14,6 +14,7 @@ from ..validation import shown
 from . import store
 
 SEARCH_TAG, ROLE_TAG, TRIAL_TAG = "ddl.search", "ddl.role", "ddl.trial"
+WON_TAG = "ddl.trial_won"     # a trial run that passed its claim's first look (trial_won_elsewhere)
 VALUES_TAG = "ddl.trial_values"        # the searched keys' override values, JSON {key: value}
 PRUNED_TAG = "ddl.pruned"              # `step <n>: <why>` on a trial the pruner stopped (its run KILLED)
 PARENT_TAG = store.PARENT_TAG
@@ -136,6 +137,23 @@ def trial_taken(experiment: str, search: str, number: int, signature: str, besid
         tags = run.data.tags
         return f"trial {number} is MLflow run {run.info.run_id} ({tags.get('ddl.host', 'unknown host')}, " \
                f"{tags.get(store.HOME_TAG, 'unknown home')})"
+    return None
+
+
+def trial_won_elsewhere(experiment: str, search: str, number: int, mine) -> str | None:
+    """The claim's second look, after `mine` (this job's new run of trial `number`) passed the first
+    (trial_taken) and was marked won: another run of that number marked won, or None. A rival whose request
+    landed after the first look, though stamped earlier, passed its first look too; each marks itself before it
+    looks again, so the later of two second looks sees the other's mark, and that job leaves: one trains (or, in
+    a tie, neither: the number is asked again next round), never two."""
+    c = store.client()
+    runs = c.search_runs([mine.info.experiment_id], f"tags.`{SEARCH_TAG}` = '{search}' and tags.`{ROLE_TAG}` = "
+                         f"'trial' and tags.`{TRIAL_TAG}` = '{number}' and tags.`{WON_TAG}` = '1'")
+    for run in runs:
+        if run.info.run_id != mine.info.run_id:
+            tags = run.data.tags
+            return f"trial {number} is MLflow run {run.info.run_id} ({tags.get('ddl.host', 'unknown host')}, " \
+                   f"{tags.get(store.HOME_TAG, 'unknown home')})"
     return None
 
 
