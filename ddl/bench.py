@@ -462,7 +462,7 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ddl.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=7)
@@ -480,6 +480,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the memory traffic and saved activations of one GPU training step per arm, counted "
                              "on fake tensors (no GPU needed): traffic.{json,md}")
     parser.add_argument("--size", default="small", choices=list(SIZES), help="--traffic's model size (default small)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     out, runs, sweep_jobs = args.out or paths.reports_dir() / "bench", *((1, 2) if args.quick else (5, 4))
     if args.orchestrator:
@@ -492,6 +497,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.traffic:
         result = traffic_costs(names, args.size)
         return _write(out, "traffic", result, traffic_markdown(result))
+    result = _model_figures(args, names)
+    if not args.model:
+        result["orchestrator"] = orchestrator_costs(runs, sweep_jobs)
+    return _write(out, "bench", result, markdown(result))
+
+
+def _model_figures(args, names: list[str]) -> dict:
+    """The machine, and each arm's step against the baseline's (on CUDA also the paper's small size, bf16, compiled
+    and not), and the logging cost."""
     # --quick, a smoke check of the bench itself: 2 rounds of 1 step on a quarter of the tokens, 60 logging calls
     rounds, steps, batch, seq, logging_calls = \
         (2, 1, 4, 128, 60) if args.quick else (args.rounds, args.steps, 8, 256, 300)
@@ -505,15 +519,13 @@ def main(argv: list[str] | None = None) -> int:
                           "fused_loops": loops_name(torch.empty(0, device=device))},
               "config": {**CPU_SHAPE, "batch": batch, "seq_len": seq}}
     result["model"] = model_costs(device, CPU_SHAPE, batch, seq, rounds, steps, False, names)
-    if cuda:  # the paper's small size, bf16, compiled and not
+    if cuda:
         small = {**SIZES["small"], "vocab_size": ModelConfig.vocab_size}  # GPT-2's, padded
         for compile_ in (False, True):
             result[f"model_small_bf16{'_compiled' if compile_ else ''}"] = model_costs(device, small, 16, 1024, rounds,
                                                                                          steps, compile_, names)
-    if not args.model:
-        result["orchestrator"] = orchestrator_costs(runs, sweep_jobs)
     result["logging"] = logging_cost(result["model"]["baseline"]["step_ms"] / 1e3, logging_calls)
-    return _write(out, "bench", result, markdown(result))
+    return result
 
 
 def _write(out: Path, name: str, result: dict, text: str) -> int:

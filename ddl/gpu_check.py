@@ -240,12 +240,44 @@ def kernels_part(device, size: str, compile_backend: str) -> dict:
     """Each Delta op's Triton kernel alone at `size` (d_v=4, bf16 state, 16 x 1024 tokens): median microseconds of 20
     calls (CUDA events), its bytes (inputs + outputs, as ddl.traffic counts them) and the rate, beside a copy's; and
     the fused norm beside the plain ops compiled by `compile_backend`."""
+    import functools
+
+    import torch
+
+    from .model.fused import triton_loops
+    shape, calls, (x, gain, W_c, W_x) = _kernel_calls(device, size)
+    on_gpu = device.type == "cuda"
+    timed = functools.partial(_timed, on_gpu=on_gpu)
+    big = torch.empty(2 ** 28 if on_gpu else 2 ** 20, device=device, dtype=torch.bfloat16)   # 512 MiB on a GPU
+    copy_rate = 2 * big.numel() * 2 / timed(torch.Tensor.clone, big) * 1e6
+    rows = {}
+    chosen = (triton_loops.ROW_WARPS, triton_loops.NORM_WARPS, triton_loops.TILE_WARPS)
+    for name, args in calls.items():
+        op = getattr(torch.ops.ddl_triton, name.split()[0].replace("key_backward", "update_backward"))
+        moved = _nbytes(args) + _nbytes(op(*args))
+        by_warps = {}
+        for warps in KERNEL_WARPS if on_gpu else ():   # each op at each warps (none interpreted), then as chosen
+            triton_loops.ROW_WARPS = triton_loops.NORM_WARPS = triton_loops.TILE_WARPS = warps
+            by_warps[warps] = timed(op, *args)
+        triton_loops.ROW_WARPS, triton_loops.NORM_WARPS, triton_loops.TILE_WARPS = chosen
+        us = timed(op, *args)
+        by_warps["chosen"] = us
+        rows[name] = {"us": us, "bytes": moved, "GB_per_s": moved / us / 1e3, "of_copy": moved / us * 1e6 / copy_rate,
+                      "us_by_warps": by_warps}
+    return {"shape": shape, "copy_GB_per_s": copy_rate / 1e9, "ops": rows,
+            "norm_step_us": norm_step(device, x, gain, W_c, W_x, timed, compile_backend),
+            "compile_backend": compile_backend}
+
+
+def _kernel_calls(device, size: str) -> tuple[dict, dict, tuple]:
+    """(the shape, op name -> its arguments, the norm's (x, gain, W_c, W_x)) of kernels_part: random inputs of the
+    Delta ops at `size` (a tiny shape on the CPU, where triton's interpreter runs them)."""
     import torch
 
     from .model import SIZES
     from .model.fused import triton_loops  # noqa: F401  (registers torch.ops.ddl_triton)
     d = SIZES[size]["d_model"]
-    B, T, dv, L = (BATCH, SEQ, 4, 4) if device.type == "cuda" else (2, 8, 4, 4)   # CPU: triton's interpreter
+    B, T, dv, L = (BATCH, SEQ, 4, 4) if device.type == "cuda" else (2, 8, 4, 4)
     ops = torch.ops.ddl_triton
     bf16, fp32 = torch.bfloat16, torch.float32
 
@@ -267,52 +299,36 @@ def kernels_part(device, size: str, compile_backend: str) -> dict:
              "norm_forward": (x, gain, W_c, W_x, 1e-5, bf16),
              "norm_backward": (h, g[..., :1], g[..., :dv], x, gain, W_c, W_x, rho_n),
              "rank_one_forward": (w, h, A), "rank_one_backward": (g, w, h, A)}
+    return {"B": B, "T": T, "dv": dv, "d": d, "L": L}, calls, (x, gain, W_c, W_x)
 
-    on_gpu = device.type == "cuda"
 
-    def timed(fn, *args) -> float:
-        """Median microseconds of fn(*args): CUDA events on a GPU; on the CPU (the interpreter, where the figure
-        only shows the harness works) the host clock, one call after one untimed."""
-        for _ in range(3 if on_gpu else 1):
+def _timed(fn, *args, on_gpu: bool) -> float:
+    """Median microseconds of fn(*args): CUDA events on a GPU; on the CPU (the interpreter, where the figure only
+    shows the harness works) the host clock, one call after one untimed."""
+    import torch
+    for _ in range(3 if on_gpu else 1):
+        fn(*args)
+    times = []
+    for _ in range(20 if on_gpu else 1):
+        if on_gpu:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
             fn(*args)
-        times = []
-        for _ in range(20 if on_gpu else 1):
-            if on_gpu:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn(*args)
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1e3)
-            else:
-                begin = time.perf_counter()
-                fn(*args)
-                times.append((time.perf_counter() - begin) * 1e6)
-        return sorted(times)[len(times) // 2]
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        else:
+            begin = time.perf_counter()
+            fn(*args)
+            times.append((time.perf_counter() - begin) * 1e6)
+    return sorted(times)[len(times) // 2]
 
-    def nbytes(tree) -> int:
-        return sum(t.numel() * t.element_size() for t in torch.utils._pytree.tree_leaves(tree)
-                   if isinstance(t, torch.Tensor))
 
-    big = torch.empty(2 ** 28 if on_gpu else 2 ** 20, device=device, dtype=bf16)   # 512 MiB on a GPU
-    copy_rate = 2 * big.numel() * 2 / timed(torch.Tensor.clone, big) * 1e6
-    rows = {}
-    chosen = (triton_loops.ROW_WARPS, triton_loops.NORM_WARPS, triton_loops.TILE_WARPS)
-    for name, args in calls.items():
-        op = getattr(ops, name.split()[0].replace("key_backward", "update_backward"))
-        moved = nbytes(args) + nbytes(op(*args))
-        by_warps = {}
-        for warps in KERNEL_WARPS if on_gpu else ():   # each op at each warps (none interpreted), then as chosen
-            triton_loops.ROW_WARPS = triton_loops.NORM_WARPS = triton_loops.TILE_WARPS = warps
-            by_warps[warps] = timed(op, *args)
-        triton_loops.ROW_WARPS, triton_loops.NORM_WARPS, triton_loops.TILE_WARPS = chosen
-        us = timed(op, *args)
-        by_warps["chosen"] = us
-        rows[name] = {"us": us, "bytes": moved, "GB_per_s": moved / us / 1e3, "of_copy": moved / us * 1e6 / copy_rate,
-                      "us_by_warps": by_warps}
-    return {"shape": {"B": B, "T": T, "dv": dv, "d": d, "L": L}, "copy_GB_per_s": copy_rate / 1e9, "ops": rows,
-            "norm_step_us": norm_step(device, x, gain, W_c, W_x, timed, compile_backend),
-            "compile_backend": compile_backend}
+def _nbytes(tree) -> int:
+    """The bytes of the tensors of a nested tuple of arguments or results."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+    return sum(t.numel() * t.element_size() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
 
 
 def norm_step(device, x, gain, W_c, W_x, timed, compile_backend: str) -> dict:
@@ -383,7 +399,7 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ddl.gpu_check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default=",".join(DEFAULT_PARTS), help=f"of {', '.join(PARTS)}")
@@ -397,6 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile-backend", choices=("inductor", "aot_eager", "eager"), default="inductor",
                         help="the step part's and the kernels part's torch.compile backend (aot_eager: dynamo and "
                              "AOTAutograd without inductor's code generation, to tell a failure of one from the other)")
+    return parser
+
+
+def _checked_arguments(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:
+    """The arguments, each bad one argparse's one error: an unknown part, an unknown arm, arms not baseline first."""
     args = parser.parse_args(argv)
     parts, arms = args.parts.split(","), args.arms.split(",")
     unknown = [part for part in parts if part not in PARTS]
@@ -407,6 +428,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(error)
     if arms[0] != "baseline":
         parser.error(f"--arms: {args.arms!r} starts with {arms[0]!r}; allowed: baseline first (the ratios' reference)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _checked_arguments(_parser(), argv)
+    parts, arms = args.parts.split(","), args.arms.split(",")
     import torch
     if args.device == "cuda" and not torch.cuda.is_available():
         print(f"gpu-check: no CUDA GPU on this machine (torch {torch.__version__}); nothing to check.")
@@ -423,17 +450,12 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()
     check = Check(out, {"device": name, "torch": torch.__version__, "triton": triton_version,
                         "python": platform.python_version(), "size": size}, parts)
+    run_part = {"step": lambda: step_part(check, device, size, arms, args.compile_mode, args.compile_backend),
+                "resume": lambda: resume_part(out, size, args.device), "tests": lambda: tests_part(out),
+                "kernels": lambda: kernels_part(device, size, args.compile_backend),
+                "profile": lambda: profile_part(out, device, size, arms)}
     for part in parts:
-        if part == "step":
-            check.record("step", step_part(check, device, size, arms, args.compile_mode, args.compile_backend))
-        elif part == "resume":
-            check.record("resume", resume_part(out, size, args.device))
-        elif part == "tests":
-            check.record("tests", tests_part(out))
-        elif part == "kernels":
-            check.record("kernels", kernels_part(device, size, args.compile_backend))
-        else:
-            check.record("profile", profile_part(out, device, size, arms))
+        check.record(part, run_part[part]())
     check.summary["done"] = True
     check.record("done", True)
     print((out / "summary.md").read_text())

@@ -169,11 +169,11 @@ def test_a_prepare_job_that_fails_fails_its_jobs_with_its_one_line(slurm, ddl_ho
     assert mlflow_runs("data_failed") == []
 
 
-def _queued(leaving_out: str) -> dict[str, tuple[str, str]]:
-    """job id -> (state, reason) of the queue's jobs but one."""
+def _queued(after: str) -> dict[str, tuple[str, str, str]]:
+    """job id -> (name, state, reason) of the jobs submitted after job `after` that the queue still shows."""
     out = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i|%j|%T|%r"], capture_output=True, text=True).stdout
     rows = [line.split("|") for line in out.splitlines() if line.strip()]
-    return {job_id: (name, state, reason) for job_id, name, state, reason in rows if job_id != leaving_out}
+    return {job_id: (name, state, reason) for job_id, name, state, reason in rows if int(job_id) > int(after)}
 
 
 @pytest.mark.slow

@@ -350,52 +350,66 @@ def _confirm(launcher, rows: list[RowSearch], tuning: TuneConfig, index: int) ->
     """Each bracketed row's replicates at fresh seeds, look by look (ddl.tune.sequential), until every row's gap to
     its tuned baseline resolves or the plan's maximum is reached (a row with no bracketed baseline: its first look,
     for its own estimate); then the result table."""
-    from ..track import searches
     from ..tune.sequential import look
-    from ..tune.workflow import confirmed, verdict
-    from .launcher import SweepFailed
     from .table import search_result_table
     for row in sorted(rows, key=lambda r: r.source is not None):
         _best(row, tuning)
     firsts = [row for row in rows if row.replicate == 0]
-
-    def bracketed(first: RowSearch | None) -> bool:
-        return first is not None and all(r.bracketed for r in replicates_of(first, rows))
-
-    def seeds(first: RowSearch) -> dict:
-        return {r.replicate: r.seeds for r in replicates_of(first, rows)}
     plan, looks = tuning.seed_plan, {}
-    open_rows = [first for first in firsts if bracketed(first)]
+    open_rows = [first for first in firsts if _all_bracketed(first, rows)]
     for n in plan:
         wanted = {id(r): r for r in open_rows}
-        wanted.update({id(b): b for b in (baseline_of(r, rows) for r in open_rows) if bracketed(b)})
+        wanted.update({id(b): b for b in (baseline_of(r, rows) for r in open_rows) if _all_bracketed(b, rows)})
         replicas = [r for first in wanted.values() for r in replicates_of(first, rows)]
-        batch = [r.overrides(r.best, "confirm", seed=seed) for r in replicas for seed in r.confirm_seeds(n)]
-        if batch:
-            print(f"ddl-run: confirmation at {plural(n, 'seed')} a replicate: {plural(len(batch), 'run')}",
-                  flush=True)
-            try:
-                launcher.launch(batch, index)
-            except SweepFailed as err:
-                print(f"ddl-run: {err}; the confirmation goes on with the seeds that finished", flush=True)
-            index += len(batch)
-        while any(t.state == "running" for r in replicas for t in r.runs("confirm")):
-            _wait_for_others("confirmation runs")
-        for r in replicas:
-            r.seeds = confirmed(r.runs("confirm"), r.best, set(r.confirm_seeds(plan[-1])))
+        index = _confirmation_look(launcher, replicas, n, plan[-1], index)
         for first in list(open_rows):
             base = baseline_of(first, rows)
-            if not bracketed(base):
+            if not _all_bracketed(base, rows):
                 open_rows.remove(first)
                 continue
-            looks[first.search] = found = look(seeds(first), seeds(base), plan, tuning.alpha)
+            looks[first.search] = found = look(_seeds(first, rows), _seeds(base, rows), plan, tuning.alpha)
             if found.done:
                 open_rows.remove(first)
         if not open_rows:
             break
+    _record_verdicts(firsts, rows, looks)
+    search_result_table(rows, looks, baseline_of, replicates_of).print()
+
+
+def _all_bracketed(first: RowSearch | None, rows: list[RowSearch]) -> bool:
+    return first is not None and all(r.bracketed for r in replicates_of(first, rows))
+
+
+def _seeds(first: RowSearch, rows: list[RowSearch]) -> dict:
+    return {r.replicate: r.seeds for r in replicates_of(first, rows)}
+
+
+def _confirmation_look(launcher, replicas: list[RowSearch], n: int, most: int, index: int) -> int:
+    """The replicates' confirmation runs up to `n` seeds each, launched and waited for (another home's too); each
+    replicate's seeds then read from the store (of its first `most`). Returns the next job index."""
+    from ..tune.workflow import confirmed
+    from .launcher import SweepFailed
+    batch = [r.overrides(r.best, "confirm", seed=seed) for r in replicas for seed in r.confirm_seeds(n)]
+    if batch:
+        print(f"ddl-run: confirmation at {plural(n, 'seed')} a replicate: {plural(len(batch), 'run')}", flush=True)
+        try:
+            launcher.launch(batch, index)
+        except SweepFailed as err:
+            print(f"ddl-run: {err}; the confirmation goes on with the seeds that finished", flush=True)
+    while any(t.state == "running" for r in replicas for t in r.runs("confirm")):
+        _wait_for_others("confirmation runs")
+    for r in replicas:
+        r.seeds = confirmed(r.runs("confirm"), r.best, set(r.confirm_seeds(most)))
+    return index + len(batch)
+
+
+def _record_verdicts(firsts: list[RowSearch], rows: list[RowSearch], looks: dict) -> None:
+    """Each replicate's parent run: its best, the row's verdict, its baseline's search and the deciding look."""
+    from ..track import searches
+    from ..tune.workflow import verdict
     for first in firsts:
         base, found = baseline_of(first, rows), looks.get(first.search)
-        said = verdict(found, bracketed(first) and (base is None or bracketed(base)))
+        said = verdict(found, _all_bracketed(first, rows) and (base is None or _all_bracketed(base, rows)))
         for row in replicates_of(first, rows):
             partner = baseline_of(row, rows)
             searches.record_best(row.search, row.parent, {}, row.best,
@@ -404,4 +418,3 @@ def _confirm(launcher, rows: list[RowSearch], tuning: TuneConfig, index: int) ->
                                   "ddl.look_level": f"{found.level:.4g}" if found else "",
                                   "ddl.look_seeds": str(found.n) if found else ""})
             searches.close(row.search, row.parent)
-    search_result_table(rows, looks, baseline_of, replicates_of).print()

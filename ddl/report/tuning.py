@@ -128,11 +128,24 @@ def tuned_table(runs: pd.DataFrame, searches: pd.DataFrame, sizes: list[str], un
     rows = [_Row(replicates) for replicates in groups.values()]
     sizes = [s for s in sizes if any(r.size == s for r in rows)]
     rows.sort(key=lambda r: (*_place(r.own, sizes), r.replica or 0))
-    twins = Counter((r.name, r.size) for r in rows)
     columns = [Column(f"{size}/val_loss", f"{size.capitalize()} valid loss at its optimum", False) for size in sizes]
     table = Table("tuned", "Each row at its own optimum (tuned)", [], columns, interval="CI at its last look",
                   measure=measure, unit="replicate")
-    placed, by_search = [], {}         # (label, row): a row carried to other sizes keeps its label at each
+    placed, by_search = _placed(rows, table, sizes)
+    notes = [note for size in sizes for note in _size_section(table, size, placed, by_search, histories, measure,
+                                                              len(sizes) > 1)]
+    carried = "; a carried row's replicates run its row's best from the search size" \
+        if any(_tag(r.parent, "tags.ddl.carried_from") for r in rows) else ""
+    table.note = (f"Loss in {unit}, mean ± std over replicates, each replicate its search's best at fresh seeds "
+                  f"(never the seed that selected it{carried}). " + " ".join(notes))
+    return table
+
+
+def _placed(rows: list, table: Table, sizes: list[str]) -> tuple[list, dict]:
+    """Each row's label in the table ((label, row) in order; a row carried to other sizes keeps its label at each)
+    and its cell at its size; search id -> (label, row)."""
+    twins = Counter((r.name, r.size) for r in rows)
+    placed, by_search = [], {}
     for row in rows:
         label = row.name
         if twins[row.name, row.size] > 1 and row.replica is not None:        # copies of one row (`replica`)
@@ -145,26 +158,26 @@ def tuned_table(runs: pd.DataFrame, searches: pd.DataFrame, sizes: list[str], un
             table.rows.append(label)
             table.cells.update({(label, f"{s}/val_loss"): Cell(marker="—") for s in sizes})
         table.cells[label, f"{row.size}/val_loss"] = _estimate_cell(row.means())
-    notes = []
-    for size in sizes:
-        lines = []
-        for label, row in placed:
-            if row.size != size:
-                continue
-            base = by_search.get(_tag(row.parent, "tags.ddl.baseline_search"))
-            line, tokens = _versus(label, row, base[1] if base else None, histories, measure)
-            lines.append(line)
-            notes.append(_row_note(label, size if len(sizes) > 1 else "", row, base[1] if base else None, tokens))
-        headers = ["Model", "replicates", "loss at its optimum [95% CI over replicates]", "best values",
-                   f"at equal tokens: Δ % [{table.interval}]", "verdict",
-                   f"at equal compute ({COMPUTE_MEASURES[measure]}): Δ %", "verdict at equal compute", "how"]
-        table.sections.append((f"{size.capitalize()}: each row at its optimum against the tuned baseline, paired by "
-                               "replicate", headers, lines))
-    carried = "; a carried row's replicates run its row's best from the search size" \
-        if any(_tag(r.parent, "tags.ddl.carried_from") for r in rows) else ""
-    table.note = (f"Loss in {unit}, mean ± std over replicates, each replicate its search's best at fresh seeds "
-                  f"(never the seed that selected it{carried}). " + " ".join(notes))
-    return table
+    return placed, by_search
+
+
+def _size_section(table: Table, size: str, placed: list, by_search: dict, histories, measure: str,
+                  several_sizes: bool) -> list[str]:
+    """The size's section: each row against its tuned baseline, paired by replicate; returns the rows' notes."""
+    lines, notes = [], []
+    for label, row in placed:
+        if row.size != size:
+            continue
+        base = by_search.get(_tag(row.parent, "tags.ddl.baseline_search"))
+        line, tokens = _versus(label, row, base[1] if base else None, histories, measure)
+        lines.append(line)
+        notes.append(_row_note(label, size if several_sizes else "", row, base[1] if base else None, tokens))
+    headers = ["Model", "replicates", "loss at its optimum [95% CI over replicates]", "best values",
+               f"at equal tokens: Δ % [{table.interval}]", "verdict",
+               f"at equal compute ({COMPUTE_MEASURES[measure]}): Δ %", "verdict at equal compute", "how"]
+    table.sections.append((f"{size.capitalize()}: each row at its optimum against the tuned baseline, paired by "
+                           "replicate", headers, lines))
+    return notes
 
 
 def _estimate_cell(means: dict) -> Cell:
