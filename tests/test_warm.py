@@ -142,3 +142,75 @@ def _children(pid: int) -> list[int]:
         except (FileNotFoundError, ProcessLookupError):
             pass
     return found
+
+
+JOB = "import os, sys; print(len(os.listdir('/proc/self/task')), 'torch' in sys.modules, os.getppid())\n"
+
+
+def test_a_job_whose_start_up_environment_differs_from_the_servers_starts_cold_saying_why(tmp_path):
+    """What torch, OpenMP, BLAS or Python read as the server imported them is the server's: a job that sets another
+    value (OMP_NUM_THREADS) starts cold, its log saying why; a job of the server's values is forked (torch imported,
+    one thread)."""
+    (tmp_path / "job.py").write_text(JOB)
+    path = WARM[-1]
+    other = str(int(os.environ.get("OMP_NUM_THREADS", "1")) + 1)
+    forked = _run([*WARM, str(tmp_path / "job.py")], tmp_path)
+    threads, imported, _ = forked.stdout.split()
+    assert (threads, imported, forked.stderr) == ("1", "True", "")
+    cold = subprocess.run([*WARM, str(tmp_path / "job.py")], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "OMP_NUM_THREADS": other}, timeout=120)
+    assert cold.stdout.split()[1] == "False"
+    assert cold.stderr == (f"ddl warm start: this job starts cold: the job's OMP_NUM_THREADS={other} differs from the "
+                           f"server's OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}, which torch, "
+                           f"OpenMP, BLAS or Python read as it started\n")
+    assert warm.probe(path, {**os.environ, "TORCH_LOGS": "dynamo"}).startswith("the job's TORCH_LOGS=dynamo differs")
+    assert warm.probe(path, dict(os.environ)) is None
+
+
+def test_the_server_forks_only_while_it_runs_one_thread(tmp_path):
+    """The server imports with OpenBLAS and jemalloc asked for no threads of their own, so it runs one thread and
+    forks; a server whose environment lets OpenBLAS start its pool (OPENBLAS_NUM_THREADS=2) starts every job cold."""
+    for env, one_thread in (({}, True), ({"OPENBLAS_NUM_THREADS": "2"}, False)):
+        environment = {k: v for k, v in os.environ.items() if k != warm.SOCKET_ENV} | env
+        path = tmp_path / f"s{len(env)}"
+        server = subprocess.Popen([sys.executable, "-m", "ddl.launch.warm", "serve", str(path)],
+                                  stdin=subprocess.PIPE, env=environment)
+        try:
+            while not path.exists():
+                time.sleep(0.05)
+            reason = warm.probe(str(path), environment)         # answered once its imports are done
+            if one_thread:
+                assert reason is None and len(os.listdir(f"/proc/{server.pid}/task")) == 1
+            else:
+                assert reason.startswith("the server runs ") and reason.endswith(" threads, and a fork keeps one")
+        finally:
+            server.stdin.close()
+            server.wait(60)
+
+
+@pytest.mark.slow
+def test_a_searchs_rounds_fork_from_one_server_and_a_sweep_says_why_its_jobs_start_cold(tmp_path):
+    """A search's two rounds of one trial each (a launch of one job used to start cold) fork from one server of the
+    search's own; a sweep whose environment differs from the suite server's says, before its jobs, why they start
+    cold."""
+    env = {k: v for k, v in os.environ.items() if k != warm.SOCKET_ENV}
+    args = ["-m", "residual=baseline", "train.lr=tag(log, interval(1e-3, 1e-2))", "tune.trials=2", "tune.parallel=1",
+            "tune.replicates=1", "tune.seeds=1", "tune.bracket_trials=0", "model=micro", "train=smoke",
+            "train.steps=6", "experiment=warm-search", "hydra.launcher.warm_start=true"]
+    search = subprocess.Popen([str(Path(sys.executable).parent / "ddl-run"), *args],
+                              env={**env, "DDL_HOME": str(tmp_path / "search")}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    servers, forked = set(), set()
+    while search.poll() is None:
+        found = [pid for pid in _children(search.pid) if "ddl.launch.warm" in _cmdline(pid)]
+        servers |= set(found)
+        forked |= {pid for server in found for pid in _children(server)}
+        time.sleep(0.05)
+    said = search.stdout.read()
+    assert search.returncode == 0 and said.count("search round: 1 trial") == 2, said[-3000:]
+    assert len(servers) == 1 and len(forked) >= 2, (servers, forked)
+    other = str(int(os.environ.get("OMP_NUM_THREADS", "1")) + 1)
+    sweep = run_cli("ddl-run", "-m", "model=micro", "train=smoke", "train.steps=2", "seed=0,1", "experiment=cold",
+                    env_extra={"DDL_HOME": str(tmp_path / "cold"), "OMP_NUM_THREADS": other})
+    assert sweep.returncode == 0 and (f"ddl-run: jobs start cold, not forked from the warm server: the job's "
+                                      f"OMP_NUM_THREADS={other} differs") in sweep.stdout, sweep.stdout[-3000:]

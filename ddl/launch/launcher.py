@@ -100,6 +100,11 @@ class SweepLauncher(BaseSubmititLauncher):
     COUNTS = ("nodes", "tasks_per_node", "cpus_per_task", "timeout_min", "mem_gb", "prepare_cpus_per_task",
               "prepare_mem_gb", "prepare_timeout_min")
 
+    def warm_starts(self) -> bool:
+        """Whether jobs fork from a warm server (ddl.launch.warm): local CPU jobs (a GPU job's CUDA must not meet a
+        fork), unless hydra.launcher.warm_start=false."""
+        return self._EXECUTOR == "local" and self.warm_start and not self.params.get("gpus_per_node")
+
     def check_params(self) -> None:
         """One line for a launcher setting no job script can carry: a string off one line, a count below 1."""
         for key, value in self.params.items():   # each one may become a line of a job script
@@ -158,9 +163,8 @@ class SweepLauncher(BaseSubmititLauncher):
         shown = [j for j in plan.jobs if j.signature in reusable or j in todo]     # in the live table
         os.environ.setdefault("DDL_CPUS", str(self.params.get("cpus_per_task") or 1))
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-        warm_start = warm.local_python(self._EXECUTOR == "local" and self.warm_start    # CPU jobs: a GPU job's
-                                       and not self.params.get("gpus_per_node"), len(todo))  # CUDA must not meet a fork
-        with DeferredSignals((signal.SIGINT, signal.SIGTERM)) as stop, warm_start as python:
+        with DeferredSignals((signal.SIGINT, signal.SIGTERM)) as stop, \
+                warm.local_python(self.warm_starts(), len(todo)) as python:
             self.local_python = python              # stop the jobs, then print the summary
             outcomes = self.reuse_jobs([(j, reusable[j.signature]) for j in plan.jobs if j.signature in reusable],
                                        stop)

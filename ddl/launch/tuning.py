@@ -120,6 +120,7 @@ def run(launcher, row_overrides: list[list[str]], space: list[Dimension]) -> lis
         return []
     print("\n".join(resolves), flush=True)
     from ..track import searches
+    from . import warm
     from .launcher import SweepFailed
     launcher.prepare_store({row.job.experiment for row in rows})
     try:
@@ -131,11 +132,12 @@ def run(launcher, row_overrides: list[list[str]], space: list[Dimension]) -> lis
                                              row.parent_tags(first.search))
     except searches.DamagedSearch as err:
         raise ConfigError(str(err)) from None
-    index = _search(launcher, [row for row in rows if row.source is None], tuning)
-    try:
-        _confirm(launcher, rows, tuning, index)
-    except searches.DamagedSearch as err:
-        raise SweepFailed(str(err)) from None
+    with warm.shared_server(launcher.warm_starts()):          # one server for every round
+        index = _search(launcher, [row for row in rows if row.source is None], tuning)
+        try:
+            _confirm(launcher, rows, tuning, index)
+        except searches.DamagedSearch as err:
+            raise SweepFailed(str(err)) from None
     return []
 
 

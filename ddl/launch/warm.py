@@ -45,6 +45,14 @@ PRELOAD = ("torch", "torch._dynamo", "mlflow", "mlflow.store.tracking.sqlalchemy
 OPTIONAL_PRELOAD = ("tabulate",)
 STDIO = 3
 MESSAGE = 1 << 20                    # the largest request (argv and environment), bytes
+# What torch, OpenMP, BLAS and Python read of the environment as the server imports them: a job whose values differ
+# would run with the server's, so it starts cold.
+STARTUP_ENV = ("TORCH_LOGS", "TORCHDYNAMO_", "TORCHINDUCTOR_", "OMP_", "MKL_", "OPENBLAS_", "PYTHONHASHSEED",
+               "PYTHONWARNINGS")
+# Libraries that start a thread as they are imported, asked not to in the server (a fork keeps only the thread that
+# forks): numpy's OpenBLAS pool (the children's numpy BLAS then runs on one thread; torch's own is unaffected) and
+# pyarrow's jemalloc background thread.
+ONE_THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
 
 
 def supported() -> bool:
@@ -70,31 +78,96 @@ def start_server():
 @contextlib.contextmanager
 def local_python(enabled: bool, jobs: int):
     """The `python` of submitit's local executor for a sweep of `jobs` jobs: the client of the server in
-    DDL_WARM_SOCKET, or of one started here until the `with` ends (its jobs keep it until they end); None (the
-    cold start) when not `enabled`, off Linux, for a single job of its own (nothing to share), or when the
-    server is not listening within 10 s."""
+    DDL_WARM_SOCKET (a search's, the suite's), or of one started here until the `with` ends (its jobs keep it until
+    they end); None (the cold start) when not `enabled`, off Linux, for a single job of its own (nothing to share),
+    when the server is not listening within 10 s, or when it would start the jobs cold (`probe`: said in a line)."""
     if not (enabled and supported()):
         yield None
-        return
-    if os.environ.get(SOCKET_ENV):
-        yield client_command(os.environ[SOCKET_ENV])
-        return
-    if jobs < 2:
+    elif os.environ.get(SOCKET_ENV):
+        yield _if_warm(os.environ[SOCKET_ENV])
+    elif jobs < 2:
         yield None
+    else:
+        with _server() as path:
+            yield _if_warm(path) if path else None
+
+
+@contextlib.contextmanager
+def shared_server(enabled: bool):
+    """One server for everything launched in the `with` (a search's rounds), in DDL_WARM_SOCKET meanwhile, rather
+    than one a launch (each paying the ~5 s of imports again)."""
+    if not (enabled and supported()) or os.environ.get(SOCKET_ENV):
+        yield
         return
+    with _server() as path:
+        if path:
+            os.environ[SOCKET_ENV] = path
+        try:
+            yield
+        finally:
+            os.environ.pop(SOCKET_ENV, None)
+
+
+@contextlib.contextmanager
+def _server():
+    """A server started now: its socket's path once it listens (None if not within 10 s); when the `with` ends it
+    stops listening, and this waits (30 s at most) for its last job."""
     import subprocess
     server, path = start_server()
     deadline = time.monotonic() + 10
     while not os.path.exists(path) and server.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     try:
-        yield client_command(path) if os.path.exists(path) else None
+        yield path if os.path.exists(path) else None
     finally:
         server.stdin.close()              # the server stops listening, and ends with its last job
         with contextlib.suppress(subprocess.TimeoutExpired):
             server.wait(timeout=30)       # the sweep's jobs have ended: its CPU then counts in the sweep's
         with contextlib.suppress(OSError):
             os.rmdir(os.path.dirname(path))   # a server that never listened leaves its folder (one that did, not)
+
+
+def _if_warm(path: str) -> str | None:
+    """The client of the server at `path`, unless the server says a job of this environment would start cold: then
+    one line saying why, and None (every job starts cold)."""
+    reason = probe(path, dict(os.environ))
+    if reason:
+        print(f"ddl-run: jobs start cold, not forked from the warm server: {reason}", flush=True)
+        return None
+    return client_command(path)
+
+
+def probe(path: str, env: dict) -> str | None:
+    """Why the server at `path` would start a job of environment `env` cold (`why_cold`), or None; None too when
+    it does not answer (each client then finds out for itself)."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        conn.connect(path)
+        socket.send_fds(conn, [json.dumps({"probe": True, "env": env}).encode()], list(range(STDIO)))
+        answer = _receive(conn) or {}
+    except OSError:
+        return None
+    finally:
+        conn.close()
+    return answer.get("cold")
+
+
+def why_cold(job_env: dict, server_env: dict, threads: int) -> str | None:
+    """Why a job of environment `job_env` cannot be forked from a server started in `server_env`, running `threads`
+    threads: a start-up variable of torch, OpenMP, BLAS or Python that differs, or a second thread."""
+    keys = sorted({k for env in (job_env, server_env) for k in env if k.startswith(STARTUP_ENV)})
+    differ = [k for k in keys if job_env.get(k) != server_env.get(k)]
+    if differ:
+        k = differ[0]
+        return (f"the job's {k}={job_env.get(k, '(unset)')} differs from the server's {k}="
+                f"{server_env.get(k, '(unset)')}, which torch, OpenMP, BLAS or Python read as it started")
+    if threads > 1:
+        return f"the server runs {threads} threads, and a fork keeps one"
+    return None
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
 
 
 # -- the client ---------------------------------------------------------------------------------------------
@@ -137,9 +210,11 @@ def client(path: str, args: list[str]) -> None:
         started = _receive(conn)
     except OSError:
         started = None
-    if not started:                       # no server, or it ended before starting the child: the cold start
+    if not started or "cold" in started:  # no server, one that ended, or one that would not fork this job
         conn.close()
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if started:
+            print(f"ddl warm start: this job starts cold: {started['cold']}", file=sys.stderr, flush=True)
         _cold(args)
     child = started["pid"]
     for sig in FORWARDED:
@@ -182,95 +257,133 @@ def _alive(pid: int) -> bool:
 def serve(path: str) -> dict | None:
     """Listen at `path`, preload, fork a child per request; in a child, return its request (the caller runs
     it). Returns None in the server once its stdin has closed (or SIGTERM came) and its children have ended."""
-    import inspect
-    import selectors
-    signal.signal(signal.SIGINT, signal.SIG_IGN)        # a terminal's Ctrl-C is the sweep's to handle
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(path)
-    listener.listen(64)                                 # clients queue while the imports run
-    for module in PRELOAD:
-        __import__(module)
-    for module in OPTIONAL_PRELOAD:
-        with contextlib.suppress(ImportError):
+    return _Server(path).run()
+
+
+class _Server:
+    """The server's state: its listener, selector, children (pid -> its client's connection) and the environment
+    it started in (what a job's start-up variables are compared with)."""
+
+    def __init__(self, path: str):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)        # a terminal's Ctrl-C is the sweep's to handle
+        self.path, self.env = path, dict(os.environ)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.listener.bind(path)
+        self.listener.listen(64)                            # clients queue while the imports run
+        self.children: dict[int, socket.socket] = {}
+        self.stopping: list[bool] = []
+
+    def preload(self) -> None:
+        """The imports, one-threaded (ONE_THREAD_ENV where the environment sets none of it), then frozen."""
+        import inspect
+        os.environ.update({k: v for k, v in ONE_THREAD_ENV.items() if k not in os.environ})
+        for module in PRELOAD:
             __import__(module)
-    # torch.library.register_fake (the C++ kernels' fakes) reads its caller's line through inspect, whose first
-    # lookup finds the real path of every module imported: found here once for the preloaded ones (~60 ms a job)
-    inspect.getmodule(None, _filename="")
-    gc.freeze()         # a child's collections skip the preloaded heap, which then stays shared (no copy on write)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    stopping = []
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    selector = selectors.DefaultSelector()
-    selector.register(listener, selectors.EVENT_READ, "accept")
-    selector.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
-    selector.register(wake_r, selectors.EVENT_READ, "wake")
-    children: dict[int, socket.socket] = {}             # pid -> its client's connection (registered with its pid)
+        for module in OPTIONAL_PRELOAD:
+            with contextlib.suppress(ImportError):
+                __import__(module)
+        os.environ.clear()
+        os.environ.update(self.env)
+        # torch.library.register_fake (the C++ kernels' fakes) reads its caller's line through inspect, whose first
+        # lookup finds the real path of every module imported: found here once for the preloaded ones (~60 ms a job)
+        inspect.getmodule(None, _filename="")
+        gc.freeze()     # a child's collections skip the preloaded heap, which then stays shared (no copy on write)
 
-    def stop_listening() -> None:
-        if listener.fileno() >= 0:
-            selector.unregister(listener)
-            listener.close()
-            os.unlink(path)
-            with contextlib.suppress(OSError):          # the folder local_python made for it
-                os.rmdir(os.path.dirname(path))
+    def run(self) -> dict | None:
+        import selectors
+        self.preload()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, lambda *_: self.stopping.append(True))
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ, "accept")
+        self.selector.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
+        while True:
+            for key, _ in self.selector.select(timeout=1.0):
+                request = self.handle(key.data)
+                if request is not None:
+                    return request                          # in a forked child
+            self.reap()
+            if self.stopping:
+                self.stop_listening()
+                if not self.children:
+                    return None
 
-    while True:
-        for key, _ in selector.select(timeout=1.0):
-            if key.data == "accept":
-                conn, _ = listener.accept()
-                request = _take_request(conn)
-                if request is None:
-                    conn.close()
-                    continue
-                try:
-                    pid = os.fork()
-                except OSError:                         # the client starts cold
-                    pid = None
-                if pid is None:
-                    for fd in request["fds"]:
-                        os.close(fd)
-                    conn.close()
-                    continue
-                if pid == 0:
-                    selector.close()
-                    listener.close()
-                    for other in [*children.values(), conn]:
-                        other.close()
-                    signal.set_wakeup_fd(-1)
-                    os.close(wake_r), os.close(wake_w)
-                    return request
-                for fd in request["fds"]:
-                    os.close(fd)
-                children[pid] = conn
-                conn.send(json.dumps({"pid": pid}).encode())
-                selector.register(conn, selectors.EVENT_READ, pid)
-            elif isinstance(key.data, int):             # a client that ended (or was killed) before its child
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(key.data, signal.SIGKILL)
-            elif key.data == "stdin":
-                if not os.read(sys.stdin.fileno(), 4096):
-                    selector.unregister(sys.stdin.fileno())
-                    stopping.append(True)
-            else:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(wake_r, 4096)
-        while children:
+    def handle(self, what) -> dict | None:
+        if what == "accept":
+            return self.accept()
+        if isinstance(what, int):                           # a client that ended (or was killed) before its child
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(what, signal.SIGKILL)
+        elif what == "stdin":
+            if not os.read(sys.stdin.fileno(), 4096):
+                self.selector.unregister(sys.stdin.fileno())
+                self.stopping.append(True)
+        else:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self.wake_r, 4096)
+        return None
+
+    def accept(self) -> dict | None:
+        """A client's request: answered cold (why_cold), or a child forked for it; in the child, the request."""
+        import selectors
+        conn, _ = self.listener.accept()
+        request = _take_request(conn)
+        if request is None:
+            conn.close()
+            return None
+        cold = why_cold(request["env"], self.env, _threads())
+        pid = None
+        if not cold and not request.get("probe"):
+            with contextlib.suppress(OSError):                  # else the client starts cold
+                pid = os.fork()
+        if pid == 0:
+            self.close_in_child(conn)
+            return request
+        for fd in request["fds"]:
+            os.close(fd)
+        if pid is None:
+            answer = cold if request.get("probe") else cold or "the server could not fork"
+            with contextlib.suppress(OSError):
+                conn.send(json.dumps({"cold": answer}).encode())
+            conn.close()
+            return None
+        self.children[pid] = conn
+        conn.send(json.dumps({"pid": pid}).encode())
+        self.selector.register(conn, selectors.EVENT_READ, pid)
+        return None
+
+    def close_in_child(self, conn: socket.socket) -> None:
+        self.selector.close()
+        self.listener.close()
+        for other in [*self.children.values(), conn]:
+            other.close()
+        signal.set_wakeup_fd(-1)
+        os.close(self.wake_r), os.close(self.wake_w)
+
+    def reap(self) -> None:
+        """Each child that ended: its status to its client."""
+        while self.children:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
-                break
-            conn = children.pop(pid, None)
+                return
+            conn = self.children.pop(pid, None)
             if conn is not None:
-                selector.unregister(conn)
+                self.selector.unregister(conn)
                 with contextlib.suppress(OSError):
                     conn.send(json.dumps({"status": status}).encode())
                 conn.close()
-        if stopping:
-            stop_listening()
-            if not children:
-                return None
+
+    def stop_listening(self) -> None:
+        if self.listener.fileno() >= 0:
+            self.selector.unregister(self.listener)
+            self.listener.close()
+            os.unlink(self.path)
+            with contextlib.suppress(OSError):          # the folder local_python made for it
+                os.rmdir(os.path.dirname(self.path))
 
 
 def _take_request(conn: socket.socket) -> dict | None:
@@ -292,23 +405,7 @@ def become(request: dict) -> None:
     preloaded heap, ~2 s that frees nothing a process's end would not, is skipped."""
     import runpy
     import threading
-    for target, fd in enumerate(request["fds"]):
-        os.dup2(fd, target)
-        os.close(fd)
-    os.environ.clear()
-    os.environ.update(request["env"])
-    os.chdir(request["cwd"])
-    os.umask(request["umask"])
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for sig in FORWARDED:
-        handler = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
-        signal.signal(sig, signal.SIG_IGN if sig in request["ignored"] else handler)
-    signal.pthread_sigmask(signal.SIG_SETMASK, request["blocked"])
-    unbuffered = request["unbuffered"] or bool(os.environ.get("PYTHONUNBUFFERED"))
-    for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(line_buffering=stream.isatty(), write_through=unbuffered or stream is sys.stderr)
-    if "numpy" in sys.modules:
-        sys.modules["numpy"].random.seed()
+    _take_process(request)
     code, interrupted = 0, False
     try:
         if "module" in request:
@@ -337,6 +434,28 @@ def become(request: dict) -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     os._exit(code)
+
+
+def _take_process(request: dict) -> None:
+    """The forked child takes the client's stdio, environment, directory, umask, signal dispositions and mask, and
+    buffering; numpy's global random state is re-seeded (Python's `random` re-seeds itself after a fork)."""
+    for target, fd in enumerate(request["fds"]):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    os.umask(request["umask"])
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for sig in FORWARDED:
+        handler = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+        signal.signal(sig, signal.SIG_IGN if sig in request["ignored"] else handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, request["blocked"])
+    unbuffered = request["unbuffered"] or bool(os.environ.get("PYTHONUNBUFFERED"))
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=stream.isatty(), write_through=unbuffered or stream is sys.stderr)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
 
 
 def _exit_code(code) -> int:
