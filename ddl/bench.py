@@ -30,7 +30,7 @@ import torch
 
 from . import paths
 from .model import GPT, SIZES, ModelConfig
-from .costs import BF16_PEAK_FLOPS, training_flops
+from .costs import BF16_PEAK_FLOPS, RECORDED_COSTS, training_flops
 from .model.fused import loops_name
 from .train.distributed import keep_freed_memory
 
@@ -480,6 +480,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="only the memory traffic and saved activations of one GPU training step per arm, counted "
                              "on fake tensors (no GPU needed): traffic.{json,md}")
     parser.add_argument("--size", default="small", choices=list(SIZES), help="--traffic's model size (default small)")
+    parser.add_argument("--record", nargs="?", type=Path, const=RECORDED_COSTS, default=None, metavar="PATH",
+                        help="the arms' step ratios become the CPU figures the report's equal-compute verdicts read "
+                             "(default PATH: ddl/recorded_costs.json)")
     return parser
 
 
@@ -498,9 +501,23 @@ def main(argv: list[str] | None = None) -> int:
         result = traffic_costs(names, args.size)
         return _write(out, "traffic", result, traffic_markdown(result))
     result = _model_figures(args, names)
+    if args.record:
+        record_step_ratios("cpu", {"machine": cpu_name()}, result["model"], CPU_SHAPE, args.record)
     if not args.model:
         result["orchestrator"] = orchestrator_costs(runs, sweep_jobs)
     return _write(out, "bench", result, markdown(result))
+
+
+def record_step_ratios(kind: str, machine: dict, rows: dict, shape: dict, path: Path = RECORDED_COSTS) -> None:
+    """Each fused arm's step over the baseline's (a compiled arm is the same arm's other form), dated, into
+    ddl/recorded_costs.json under `kind` (ddl.costs.record)."""
+    import datetime
+
+    from .costs import arm_key, record
+    ratios = {arm_key(ModelConfig(**shape, **ARMS[name])): row["time_ratio"] for name, row in rows.items()
+              if name != "baseline" and not name.endswith("_compiled")}
+    record(kind, {**machine, "date": datetime.date.today().isoformat(), "step_ratios": ratios}, path)
+    print(f"recorded: the {kind} step ratios of {', '.join(ratios)}")
 
 
 def _model_figures(args, names: list[str]) -> dict:

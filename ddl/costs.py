@@ -1,11 +1,11 @@
 """What training costs: FLOPs, GPU-hours and memory per GPU (the dry run's estimates), and the bench's MFU.
 
-A GPU job's time per token is the baseline's, 6 N FLOPs at the MFU `make gpu-check` measured (RECORDED_GPU), times
-its arm's step ratio to the baseline: the one gpu-check measured for the arm's d_v (1 or 4) where there is one, plus
-the traffic the arm moves beyond that measured arm (ddl.traffic, counted per token, layer and feature in
-traffic_table.json) at the measured copy rate; else 1 plus its whole extra traffic at that rate. Its memory per GPU
-is the weights, gradients and AdamW's moments (16 bytes a parameter) plus the activations autograd saves (the same
-table) times the measured ratio of a step's peak to them. No torch here: the dry run stays fast.
+A GPU job's time per token is the baseline's, 6 N FLOPs at the MFU `make gpu-check` measured, times its arm's step
+ratio to the baseline (both recorded in recorded_costs.json): the one gpu-check measured for the arm's d_v (1 or 4)
+where there is one, plus the traffic the arm moves beyond that measured arm (ddl.traffic, counted per token, layer and
+feature in traffic_table.json) at the measured copy rate; else 1 plus its whole extra traffic at that rate. Its memory
+per GPU is the weights, gradients and AdamW's moments (16 bytes a parameter) plus the activations autograd saves (the
+same table) times the measured ratio of a step's peak to them. No torch here: the dry run stays fast.
 """
 
 from __future__ import annotations
@@ -16,22 +16,33 @@ from pathlib import Path
 
 # Dense bf16 peak FLOP/s of the GPUs the project plans for.
 BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
-# What `make gpu-check` measured (docs/performance.md): the baseline's MFU at the paper's small size compiled per
-# block, a device copy's rate (bytes read + written), and a step's peak memory over the activations it saves.
-RECORDED_GPU = dict(card="H100", date="2026-11-26", baseline_mfu=0.283, copy_bytes_per_s=2.842e12,
-                    peak_over_saved=1.31,
-                    step_ratios={"ddl dv=1 conv=none mapping=k n_h=1 beta=linear": 1.208,
-                                 "ddl dv=4 conv=none mapping=k n_h=1 beta=linear": 1.633})
-# What `make bench` measured on CPU (docs/performance.md, "Where it stands"): each arm's step time over the
-# baseline's, fused kernels, the bench's CPU config (d=256, 4 layers, T=256, batch 8), on a quiet 2-vCPU AMD EPYC VM.
-RECORDED_CPU = dict(machine="2-vCPU AMD EPYC VM", date="2026-11-26",
-                    step_ratios={"ddl dv=1 conv=none mapping=k n_h=1 beta=linear": 1.014,
-                                 "ddl dv=4 conv=none mapping=k n_h=1 beta=linear": 1.087,
-                                 "ddl dv=4 conv=cc mapping=k n_h=1 beta=linear": 1.077,
-                                 "ddl dv=4 conv=ec mapping=k n_h=1 beta=linear": 1.086})
+# What `make gpu-check` and `make bench` measured, as they recorded it (`--record`): the GPU's baseline MFU, copy rate,
+# peak memory over saved activations and each arm's step ratio; the CPU's step ratios.
+RECORDED_COSTS = Path(__file__).with_name("recorded_costs.json")
+
+
+@functools.cache
+def recorded() -> dict:
+    """{'gpu': {card, date, baseline_mfu, copy_bytes_per_s, peak_over_saved, step_ratios}, 'cpu': {machine, date,
+    step_ratios}}: the figures the dry run and the report's equal-compute verdicts are priced from."""
+    return json.loads(RECORDED_COSTS.read_text())
+
+
+def record(kind: str, entry: dict, path: Path = RECORDED_COSTS) -> None:
+    """`entry` (a measurement of the bench, kind 'cpu', or of gpu-check, kind 'gpu') replaces the recorded figures it
+    measured (an arm's step ratio among the others); the rest stay."""
+    from . import paths
+    figures = json.loads(path.read_text())
+    old = figures[kind]
+    figures[kind] = {**old, **{k: {**old[k], **v} if isinstance(v, dict) and isinstance(old.get(k), dict) else v
+                               for k, v in entry.items()}}
+    paths.write_atomic(path, json.dumps(figures, indent=1, sort_keys=True) + "\n")
+    recorded.cache_clear()
+
+
 # The measures a verdict at equal compute can be read in: training FLOPs, or a device's measured step times.
-COMPUTE_MEASURES = {"flops": "training FLOPs", "cpu": f"CPU step time ({RECORDED_CPU['machine']})",
-                    "h100": f"{RECORDED_GPU['card']} step time (make gpu-check, {RECORDED_GPU['date']})"}
+COMPUTE_MEASURES = {"flops": "training FLOPs", "cpu": f"CPU step time ({recorded()['cpu']['machine']})",
+                    "h100": f"{recorded()['gpu']['card']} step time (make gpu-check, {recorded()['gpu']['date']})"}
 BYTES_PER_PARAM = 16          # fp32 weights and gradients, AdamW's two moments
 TRAFFIC_TABLE = Path(__file__).with_name("traffic_table.json")
 
@@ -60,7 +71,7 @@ def cost_ratio(model, baseline, n_params: int, base_params: int, measure: str) -
                 / (training_flops(base_params, 1) + delta_flops_per_token(baseline)))
     if model.residual == "baseline":
         return 1.0
-    ratios = (RECORDED_CPU if measure == "cpu" else RECORDED_GPU)["step_ratios"]
+    ratios = recorded()["cpu" if measure == "cpu" else "gpu"]["step_ratios"]
     return ratios.get(arm_key(model))
 
 
@@ -90,19 +101,20 @@ def traffic(model) -> tuple[str, dict]:
 
 def measured_arm(model) -> str | None:
     """The arm of the model's d_v whose step ratio gpu-check measured, if any."""
-    return next((key for key in RECORDED_GPU["step_ratios"] if model.residual == "ddl"
+    return next((key for key in recorded()["gpu"]["step_ratios"] if model.residual == "ddl"
                  and key.startswith(f"ddl dv={model.dv} ")), None)
 
 
 def gpu_seconds_per_token(model, n_params: int, gpu: str = "H100") -> float:
     """One GPU's seconds a token: the baseline's at the recorded MFU times the arm's step ratio (module docstring)."""
     _, arm = traffic(model)
-    baseline = 6.0 * n_params / (BF16_PEAK_FLOPS[gpu] * RECORDED_GPU["baseline_mfu"])
+    figures = recorded()["gpu"]
+    baseline = 6.0 * n_params / (BF16_PEAK_FLOPS[gpu] * figures["baseline_mfu"])
     ratio, extra = 1.0, arm["extra_bytes"]
     if measured_arm(model):
-        ratio = RECORDED_GPU["step_ratios"][measured_arm(model)]
+        ratio = figures["step_ratios"][measured_arm(model)]
         extra -= traffic_table()["arms"][measured_arm(model)]["extra_bytes"]
-    return ratio * baseline + extra * model.n_layer * model.d_model / RECORDED_GPU["copy_bytes_per_s"]
+    return ratio * baseline + extra * model.n_layer * model.d_model / figures["copy_bytes_per_s"]
 
 
 def gpu_hours(model, n_params: int, tokens: int, gpu: str = "H100") -> float:
@@ -123,4 +135,4 @@ def memory_per_gpu(model, n_params: int, tokens_per_micro_batch: int, checkpoint
         saved = (model.n_layer * state + per_layer) * model.d_model + vocab
     else:
         saved = per_layer * model.n_layer * model.d_model + vocab
-    return BYTES_PER_PARAM * n_params + RECORDED_GPU["peak_over_saved"] * saved * tokens_per_micro_batch
+    return BYTES_PER_PARAM * n_params + recorded()["gpu"]["peak_over_saved"] * saved * tokens_per_micro_batch

@@ -413,6 +413,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--compile-backend", choices=("inductor", "aot_eager", "eager"), default="inductor",
                         help="the step part's and the kernels part's torch.compile backend (aot_eager: dynamo and "
                              "AOTAutograd without inductor's code generation, to tell a failure of one from the other)")
+    parser.add_argument("--record", action="store_true", help="the step part's MFU and step ratios (and the kernels "
+                        "part's copy rate) become the figures the dry run prices GPU jobs from "
+                        "(ddl/recorded_costs.json)")
     return parser
 
 
@@ -429,6 +432,19 @@ def _checked_arguments(parser: argparse.ArgumentParser, argv) -> argparse.Namesp
     if arms[0] != "baseline":
         parser.error(f"--arms: {args.arms!r} starts with {arms[0]!r}; allowed: baseline first (the ratios' reference)")
     return args
+
+
+def _record(summary: dict, card: str) -> None:
+    """The measured figures the dry run prices from (ddl.costs.record): the step part's baseline MFU and arms' step
+    ratios, the kernels part's copy rate."""
+    from .bench import record_step_ratios
+    from .costs import record
+    if "step" in summary:
+        step = summary["step"]
+        record_step_ratios("gpu", {"card": card, "baseline_mfu": step["rows"]["baseline"]["mfu"]}, step["rows"],
+                           {k: v for k, v in step["shape"].items() if k not in ("batch", "seq_len")})
+    if "kernels" in summary:
+        record("gpu", {"copy_bytes_per_s": summary["kernels"]["copy_GB_per_s"] * 1e9})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -456,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
                 "profile": lambda: profile_part(out, device, size, arms)}
     for part in parts:
         check.record(part, run_part[part]())
+    if args.record and args.device == "cuda":
+        _record(check.summary, name)
     check.summary["done"] = True
     check.record("done", True)
     print((out / "summary.md").read_text())

@@ -5,11 +5,13 @@ what is asserted is that each one was measured, relative to the same-run baselin
 """
 
 import json
+import shutil
 import subprocess
 
 import pytest
 
 from ddl.bench import ARMS, MEMORY_TARGET, model_table
+from ddl.costs import RECORDED_COSTS
 from tests.conftest import python_module
 
 
@@ -21,9 +23,10 @@ KINDS = ["baseline", "ddl_dv1", "ddl_dv4", "ddl_dv1_nh2", "ddl_dv4_nh2"]
 
 @pytest.mark.slow
 def test_quick_bench_writes_each_arm_as_a_ratio_to_the_baseline(tmp_path, ddl_home):
-    out = tmp_path / "bench"
+    out, figures = tmp_path / "bench", tmp_path / "recorded_costs.json"
+    shutil.copy(RECORDED_COSTS, figures)
     done = subprocess.run([*python_module("ddl.bench"), "--quick", "--model", "--arms", ",".join(KINDS),
-                           "--out", str(out)], capture_output=True, text=True, timeout=900)
+                           "--out", str(out), "--record", str(figures)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((out / "bench.json").read_text())
     rows = result["model"]
@@ -43,6 +46,14 @@ def test_quick_bench_writes_each_arm_as_a_ratio_to_the_baseline(tmp_path, ddl_ho
     assert markdown in done.stdout and "replaced by run" not in done.stdout   # each logging measure: its own run
     for name in KINDS:
         assert f"| {name} |" in markdown
+    # --record: the measured arms' ratios replace theirs among the recorded CPU figures, the others stay
+    recorded, before = json.loads(figures.read_text()), json.loads(RECORDED_COSTS.read_text())
+    ratios = recorded["cpu"]["step_ratios"]
+    assert ratios["ddl dv=4 conv=none mapping=k n_h=1 beta=linear"] == rows["ddl_dv4"]["time_ratio"]
+    assert ratios["ddl dv=1 conv=none mapping=k n_h=2 beta=linear"] == rows["ddl_dv1_nh2"]["time_ratio"]
+    assert ratios["ddl dv=4 conv=cc mapping=k n_h=1 beta=linear"] == \
+        before["cpu"]["step_ratios"]["ddl dv=4 conv=cc mapping=k n_h=1 beta=linear"]
+    assert recorded["gpu"] == before["gpu"] and recorded["cpu"]["machine"] == result["machine"]["device"]
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ import pytest
 from ddl.launch import warm
 
 from .conftest import WARM, mlflow_runs, run_cli
+from .test_faults import wait_for
 
 pytestmark = pytest.mark.skipif(not WARM, reason="warm starts are Linux only")
 
@@ -172,12 +173,12 @@ def test_the_server_forks_only_while_it_runs_one_thread(tmp_path):
     forks; a server whose environment lets OpenBLAS start its pool (OPENBLAS_NUM_THREADS=2) starts every job cold."""
     for env, one_thread in (({}, True), ({"OPENBLAS_NUM_THREADS": "2"}, False)):
         environment = {k: v for k, v in os.environ.items() if k != warm.SOCKET_ENV} | env
-        path = tmp_path / f"s{len(env)}"
+        path = tmp_path / f"server{len(env)}" / "socket"          # a folder of its own, which the server removes
+        path.parent.mkdir()
         server = subprocess.Popen([sys.executable, "-m", "ddl.launch.warm", "serve", str(path)],
                                   stdin=subprocess.PIPE, env=environment)
         try:
-            while not path.exists():
-                time.sleep(0.05)
+            wait_for(lambda path=path, server=server: path.exists() or server.poll() is not None, timeout=60)
             reason = warm.probe(str(path), environment)         # answered once its imports are done
             if one_thread:
                 assert reason is None and len(os.listdir(f"/proc/{server.pid}/task")) == 1

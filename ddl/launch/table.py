@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import paths
-from ..costs import RECORDED_GPU
+from ..costs import recorded
 from ..text import PROGRESS_DEFAULT_S, PROGRESS_ENV, duration, plural
 from . import status
 from .configs import env_seconds
@@ -117,7 +117,7 @@ def _cost_caption(costs, to_run: list[bool], slots: int, threads: int) -> str:
     cpu = [c.cpu_seconds for c, run in zip(costs, to_run, strict=True) if c.cpu_seconds is not None and run]
     caption = []
     if any(c.cpu_seconds is None for c in costs):
-        g = RECORDED_GPU
+        g = recorded()["gpu"]
         caption.append(f"* the baseline's 6·N FLOPs a token at the MFU `make gpu-check` measured "
                        f"({g['baseline_mfu']:.1%}, {g['card']}, {g['date']}), times the step ratio it measured for "
                        f"d_v=1 and d_v=4 ({', '.join(f'{r:.2f}' for r in g['step_ratios'].values())}), other "
