@@ -80,6 +80,33 @@ def test_the_circle_check_sees_a_lazy_import_and_finds_a_circle(tmp_path):
     assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
 
+MAX_FUNCTION_LINES = 50
+
+
+def _long_functions(paths) -> list[str]:
+    """`file:function (lines)` for each function or method over MAX_FUNCTION_LINES lines, its docstring included."""
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    found.append(f"{path.relative_to(path.parents[1])}:{node.name} ({lines})")
+    return found
+
+
+def test_no_function_is_over_50_lines():
+    """A house of small rooms: a function that grows past a screen becomes named steps."""
+    assert _long_functions(sorted(PACKAGE.rglob("*.py")) + sorted((ROOT / "hydra_plugins").rglob("*.py"))) == []
+
+
+def test_the_length_check_finds_a_long_method(tmp_path):
+    body = "\n".join(f"        x = {i}" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text(f"class A:\n    def long(self):\n{body}\n\n\ndef short():\n    pass\n")
+    assert _long_functions([tmp_path / "pkg" / "a.py"]) == [f"pkg/a.py:long ({MAX_FUNCTION_LINES + 1})"]
+
+
 def _hydras_own_help(overrides: list[str]) -> str:
     """The page Hydra's own `--help` prints for ddl-run's config (in this process)."""
     import contextlib
