@@ -49,6 +49,8 @@ MESSAGE = 1 << 20                    # the largest request (argv and environment
 # would run with the server's, so it starts cold.
 STARTUP_ENV = ("TORCH_LOGS", "TORCHDYNAMO_", "TORCHINDUCTOR_", "OMP_", "MKL_", "OPENBLAS_", "PYTHONHASHSEED",
                "PYTHONWARNINGS")
+# ... but for what inductor reads as it compiles, and sets then in its own process's environment.
+READ_WHEN_USED = ("TORCHINDUCTOR_CACHE_DIR",)
 # Libraries that start a thread as they are imported, asked not to in the server (a fork keeps only the thread that
 # forks): numpy's OpenBLAS pool (the children's numpy BLAS then runs on one thread; torch's own is unaffected) and
 # pyarrow's jemalloc background thread.
@@ -155,7 +157,8 @@ def probe(path: str, env: dict) -> str | None:
 def why_cold(job_env: dict, server_env: dict, threads: int) -> str | None:
     """Why a job of environment `job_env` cannot be forked from a server started in `server_env`, running `threads`
     threads: a start-up variable of torch, OpenMP, BLAS or Python that differs, or a second thread."""
-    keys = sorted({k for env in (job_env, server_env) for k in env if k.startswith(STARTUP_ENV)})
+    keys = sorted({k for env in (job_env, server_env) for k in env
+                   if k.startswith(STARTUP_ENV) and k not in READ_WHEN_USED})
     differ = [k for k in keys if job_env.get(k) != server_env.get(k)]
     if differ:
         k = differ[0]
