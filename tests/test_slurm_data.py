@@ -220,3 +220,32 @@ def test_dependents_of_a_failed_prepare_end_with_no_launcher_alive_and_a_rerun_p
     said = again.stdout + again.stderr
     assert again.returncode == 0 and "2 finished, 0 skipped, 0 failed" in again.stdout, said[-4000:]
     assert f"prepare_cpus_per_task=32, prepare_mem_gb=64 lowered to {cpus} CPUs" in said
+
+
+@pytest.mark.slow
+def test_two_sweeps_sharing_a_home_submit_one_prepare_job(slurm, ddl_home, tmp_path):
+    """Two sweeps (other experiments, one DDL_HOME, the lock file of a disk whose flock does not hold: DDL_LOCKS=file)
+    find the dataset missing while the first one's prepare job waits for the busy node: the second's jobs depend on
+    that job, no second one is submitted, and both sweeps train."""
+    corpus = make_corpus(tmp_path / "corpus", n_docs=100)
+    env = {**os.environ, **WIDE, "DDL_LOCKS": "file"}
+    cpus = subprocess.run(["sinfo", "-h", "-N", "-o", "%c"], capture_output=True, text=True).stdout.split()[0]
+    blocker = subprocess.run(["sbatch", "--parsable", "-c", cpus, "-o", "/dev/null", "--wrap", "sleep 600"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    sweeps = []
+    try:
+        for experiment, seed in (("first", 0), ("second", 1)):             # jobs of their own: other seeds
+            sweeps.append(subprocess.Popen([str(VENV_BIN / "ddl-run"), *_sweep(corpus, experiment)[1:], f"seed={seed}"],
+                                           env=env,
+                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            deadline = time.monotonic() + 120
+            while len(_queued(blocker)) < 3 * len(sweeps) - (len(sweeps) - 1) and time.monotonic() < deadline:
+                time.sleep(0.2)                                     # its prepare job (the first's) and two jobs
+    finally:
+        subprocess.run(["scancel", blocker], check=True)
+    outs = [sweep.communicate(timeout=600)[0] for sweep in sweeps]
+    assert [sweep.returncode for sweep in sweeps] == [0, 0], [out[-3000:] for out in outs]
+    prepares = [job_id for job_id, (name, *_) in _queued(blocker).items() if name.endswith("-prepare")]
+    assert len(prepares) == 1 and f"SLURM job {prepares[0]} prepares it" in outs[0]
+    assert f"SLURM job {prepares[0]}, which another sweep on this DDL_HOME submitted, prepares it" in outs[1]
+    assert all("2 finished, 0 skipped, 0 failed" in out for out in outs)

@@ -5,8 +5,8 @@
     <root>/<name>/val_0000.bin
     <root>/<name>/tokenizer.json    (bpe only)
 
-`prepare` builds into `<name>.partial/` under a file lock, records its progress after every
-flushed shard and, between shards, about every second with the next shards' tokens so far
+`prepare` builds into `<name>.partial/` under a lock that holds on any shared disk (ddl.locks), records its
+progress after every flushed shard and, between shards, about every second with the next shards' tokens so far
 (`pending_<split>.tokens`), so an interrupted prepare resumes there; it renames the directory
 at the end. A resume is of the same source: the build records its fingerprint (each file's path,
 size and mtime, or the Hub revision, and the unit size), and one whose source changed starts
@@ -19,7 +19,6 @@ number of workers, and whether or not the build was interrupted.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import itertools
 import json
@@ -35,6 +34,7 @@ import numpy as np
 
 from .. import paths
 from ..cpus import cpu_threads
+from ..locks import exclusive
 from ..validation import is_int
 from .config import DataConfig
 from .parallel import tokenized
@@ -55,34 +55,6 @@ BPE_BYTES_PER_TOKEN = 4   # about what a BPE token of English text holds
 
 def _write_json(path: Path, obj) -> None:
     paths.write_atomic(path, json.dumps(obj, indent=1, sort_keys=True), durable=True)
-
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    """An flock on `path`, whose holder may remove it and its folder (a refused build leaves nothing): a
-    waiter that then gets the lock of the removed file locks the path's new one instead."""
-    while True:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            handle = open(path, "a")
-        except FileNotFoundError:     # the folder, empty, was removed between the two
-            continue
-        with handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                if _still_named(handle, path):
-                    yield
-                    return
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _still_named(handle, path: Path) -> bool:
-    """Whether `path` is still the open file (not a new one beside a removed one, nor none)."""
-    try:
-        return os.path.samestat(os.fstat(handle.fileno()), os.stat(path))
-    except FileNotFoundError:
-        return False
 
 
 class _SplitWriter:
@@ -275,7 +247,17 @@ def prepare(cfg: DataConfig, root: Path | None = None, force: bool = False, prog
     root = Path(root) if root is not None else paths.data_dir()
     name = cfg.dataset_name()
     final, work, lock = root / name, root / f"{name}.partial", root / f"{name}.lock"
-    with _locked(lock):
+    try:
+        return _prepare_locked(cfg, final, work, lock, force, progress, workers)
+    except ValueError:
+        paths.prune(root)                   # a refused build leaves no folder (its lock released first)
+        raise
+
+
+def _prepare_locked(cfg: DataConfig, final: Path, work: Path, lock: Path, force: bool, progress: bool,
+                    workers: int | None) -> Path:
+    name = cfg.dataset_name()
+    with exclusive(lock):
         if (final / MANIFEST).is_file() and not force:
             return final
         if final.exists():
@@ -292,8 +274,7 @@ def prepare(cfg: DataConfig, root: Path | None = None, force: bool = False, prog
         except ValueError:          # bad input: nothing worth resuming, nothing left
             if fresh:
                 shutil.rmtree(work)
-                lock.unlink()
-                paths.prune(root)
+                lock.unlink(missing_ok=True)
             raise
         manifest = {     # no date, no worker count: the same bytes however and whenever it was built
             "format": FORMAT, "name": name, "dtype": "uint16", "source": cfg.source_params(), **built,

@@ -13,6 +13,7 @@ preparation where it stopped.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import paths
+from ..locks import exclusive
 from ..data import DataConfig
 from ..text import plural
 from .estimate import prepare_seconds
@@ -219,7 +221,8 @@ def _error_line(failure: BaseException) -> str:
 
 
 def submit(launcher, needs: list[DataNeed]) -> dict[str, PrepareJob]:
-    """One CPU-only SLURM job per dataset (hydra.launcher.prepare_*): dataset name -> its PrepareJob."""
+    """One CPU-only SLURM job per dataset (hydra.launcher.prepare_*), or the one another sweep on this DDL_HOME has
+    queued for it: dataset name -> its PrepareJob."""
     executor = launcher.executor()
     params = launcher.params
     extra = {k: v for k, v in (params.get("additional_parameters") or {}).items()
@@ -235,12 +238,42 @@ def submit(launcher, needs: list[DataNeed]) -> dict[str, PrepareJob]:
         slurm_additional_parameters=extra)
     jobs = {}
     for need in needs:
-        tokens, seconds = estimate(need, cpus)
-        handle = executor.submit(PrepareTask(), need.data.to_dict(), cpus)
+        with exclusive(paths.data_dir() / f"{need.name}.submit.lock"):   # one prepare job however many sweeps
+            handle = _queued_elsewhere(need)
+            if handle is None:
+                tokens, seconds = estimate(need, cpus)
+                handle = executor.submit(PrepareTask(), need.data.to_dict(), cpus)
+                paths.write_atomic(_record(need), json.dumps({"job_id": handle.job_id,
+                                                              "folder": str(handle.paths.folder)}))
+                print(f"ddl-run: {need.name} is not prepared: SLURM job {handle.job_id} prepares it (~{tokens:.3g} "
+                      f"tokens, {about(seconds)} on {plural(cpus, 'CPU')}); {plural(len(need.jobs), 'job')} wait on "
+                      f"it", flush=True)
         jobs[need.name] = PrepareJob(need, handle)
-        print(f"ddl-run: {need.name} is not prepared: SLURM job {handle.job_id} prepares it (~{tokens:.3g} tokens, "
-              f"{about(seconds)} on {plural(cpus, 'CPU')}); {plural(len(need.jobs), 'job')} wait on it", flush=True)
     return jobs
+
+
+def _record(need: DataNeed):
+    """Which SLURM job prepares the dataset: the first sweep that submits one writes it, for the sweeps after."""
+    return paths.data_dir() / f"{need.name}.prepare-job.json"
+
+
+def _queued_elsewhere(need: DataNeed):
+    """The prepare job another sweep on this DDL_HOME submitted for the dataset, while SLURM still runs or queues
+    it (its submitit job, read from its folder), else None."""
+    import submitit
+
+    from . import cluster
+    try:
+        record = json.loads(_record(need).read_text())
+        job_id, folder = str(record["job_id"]), record["folder"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    state = (cluster.queue([job_id]) or {}).get(job_id, ("", ""))[0]
+    if not state or state in cluster.ENDED:
+        return None
+    print(f"ddl-run: {need.name} is not prepared: SLURM job {job_id}, which another sweep on this DDL_HOME "
+          f"submitted, prepares it; {plural(len(need.jobs), 'job')} wait on it", flush=True)
+    return submitit.SlurmJob(folder=folder, job_id=job_id)
 
 
 def cancel(job_ids: list[str]) -> None:

@@ -105,6 +105,14 @@ class SweepLauncher(BaseSubmititLauncher):
         fork), unless hydra.launcher.warm_start=false."""
         return self._EXECUTOR == "local" and self.warm_start and not self.params.get("gpus_per_node")
 
+    @staticmethod
+    def check_locks() -> None:
+        from .. import locks
+        try:
+            locks.mode()
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+
     def check_params(self) -> None:
         """One line for a launcher setting no job script can carry: a string off one line, a count below 1."""
         for key, value in self.params.items():   # each one may become a line of a job script
@@ -139,8 +147,9 @@ class SweepLauncher(BaseSubmititLauncher):
         from .table import job_table, progress_seconds   # rich: not for every ddl-run (Hydra imports launchers)
         with self.refusal_leaves_nothing():
             self.check_params()
-            progress_seconds()                       # a bad DDL_PROGRESS_S or DDL_LOST_AFTER_S is one line,
-            cluster.lost_after_seconds()             # before anything runs
+            progress_seconds()                       # a bad DDL_PROGRESS_S, DDL_LOST_AFTER_S or DDL_LOCKS is one
+            cluster.lost_after_seconds()             # line, before anything runs
+            self.check_locks()
             gpus = self.params.get("gpus_per_node") or 0
             plan, resolves = power.plan_seeds(self, self.plan(job_overrides), gpus)
             self.check_fit(plan.jobs)

@@ -164,7 +164,8 @@ def outcome(handle, run_dir: Path) -> Result:
         final = value.get("final")
         detail = f"val/loss {final.get('val/loss', float('nan')):.4f}" if final else value.get("detail", "")
         note = status.read(run_dir).get("note")        # what the store did meanwhile (an outage)
-        return Result(value.get("status", "finished"), f"{detail}; {note}" if note else detail, result)
+        return Result(value.get("status", "finished"), f"{detail}; {note}" if note else detail, result,
+                      reused_from=value.get("reused_from"))       # a job that found its run finished elsewhere
     if error is None:
         error = result._return_value  # Hydra keeps the task's exception here
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]

@@ -318,7 +318,7 @@ def summary_table(rows) -> _Printable:
                   for job, state, detail, source in rows]
     counted = ("finished", status.REUSED, "skipped", status.ELSEWHERE, "pruned")
     counts = {s: sum(r[1] == s for r in rows) for s in counted}
-    sources = sorted({source for _, state, _, source in rows if state == status.REUSED})
+    sources = sorted({source for _, state, _, source in rows if state == status.REUSED and source})
     reused = f"{counts[status.REUSED]} reused (from experiment {', '.join(sources)}), " if sources else ""
     pruned = f"{counts['pruned']} pruned, " if counts["pruned"] else ""
     caption = (f"{counts['finished']} finished, {reused}{counts['skipped']} skipped, {pruned}"
