@@ -339,6 +339,17 @@ def test_two_homes_on_the_team_server_continue_one_search(team_server, tmp_path)
     assert homes == [str(tmp_path / "a"), str(tmp_path / "b")]
 
 
+def _race(search: list[str], team_server, tmp_path) -> list[tuple[str, str]]:
+    """The same search started by two homes (a, b) at once on the team server; each ends with exit 0."""
+    homes = [subprocess.Popen([*console_script("ddl-run"), *search], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "DDL_HOME": str(tmp_path / home),
+                                              "MLFLOW_TRACKING_URI": team_server.uri})
+             for home in "ab"]
+    outs = [home.communicate(timeout=1200) for home in homes]
+    assert [home.returncode for home in homes] == [0, 0], [out[1][-3000:] for out in outs]
+    return outs
+
+
 @pytest.mark.slow
 def test_two_homes_racing_one_search_make_one_parent_each_trial_and_confirmation_once(team_server, tmp_path):
     """Two homes start the same search at the same moment on the team server: the parent run, each trial number
@@ -351,12 +362,7 @@ def test_two_homes_racing_one_search_make_one_parent_each_trial_and_confirmation
     search = ["-m", "residual=ddl,baseline", "dv=4", "train.lr=choice(3e-3, 1e-2, 3e-2, 1e-1, 3e-1)", "tune.trials=4",
               "tune.seeds=2", "tune.replicates=1", "tune.bracket_trials=0", "tune.pruner=none", "model=micro",
               "train=smoke", "train.steps=40", "experiment=raced"]
-    homes = [subprocess.Popen([*console_script("ddl-run"), *search], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "DDL_HOME": str(tmp_path / home),
-                                              "MLFLOW_TRACKING_URI": team_server.uri})
-             for home in "ab"]
-    outs = [home.communicate(timeout=1200) for home in homes]
-    assert [home.returncode for home in homes] == [0, 0], [out[1][-3000:] for out in outs]
+    outs = _race(search, team_server, tmp_path)
     client = MlflowClient(team_server.uri)
     runs = client.search_runs([client.get_experiment_by_name("raced").experiment_id])
     parents = [r for r in runs if r.data.tags.get("ddl.role") == "search"]
@@ -401,12 +407,7 @@ def test_two_homes_racing_a_search_over_a_range_number_each_trial_once(team_serv
     search = ["-m", "residual=baseline", "train.lr=tag(log, interval(1e-3, 3e-2))", "tune.trials=4", "tune.seeds=1",
               "tune.replicates=1", "tune.bracket_trials=0", "tune.pruner=none", "model=micro", "train=smoke",
               "train.steps=10", "experiment=raced-range"]
-    homes = [subprocess.Popen([*console_script("ddl-run"), *search], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "DDL_HOME": str(tmp_path / home),
-                                              "MLFLOW_TRACKING_URI": team_server.uri})
-             for home in "ab"]
-    outs = [home.communicate(timeout=1200) for home in homes]
-    assert [home.returncode for home in homes] == [0, 0], [out[1][-3000:] for out in outs]
+    _race(search, team_server, tmp_path)
     client = MlflowClient(team_server.uri)
     runs = client.search_runs([client.get_experiment_by_name("raced-range").experiment_id])
     numbers = sorted(int(r.data.tags["ddl.trial"]) for r in runs if r.data.tags.get("ddl.role") == "trial")
