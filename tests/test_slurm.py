@@ -14,8 +14,8 @@ import pytest
 from tests.conftest import assert_two_ranks_trained, logged_steps, mlflow_runs, run_cli
 from tests.test_faults import as_a_terminal_job, start, wait_for
 
-# The prepare job a sweep submits when its dataset is missing, sized to the private cluster's one 2-CPU node
-# (its defaults, 32 CPUs and 64 GB, would never be scheduled there).
+# The prepare job a sweep submits when its dataset is missing, on one CPU of the private cluster's 2-CPU node
+# (its defaults, 32 CPUs and 64 GB, are lowered to the whole node: test_slurm_data.py).
 PREPARE = ["hydra.launcher.prepare_cpus_per_task=1", "hydra.launcher.prepare_mem_gb=2",
            "hydra.launcher.prepare_timeout_min=20"]
 SLURM = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",

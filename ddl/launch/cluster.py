@@ -15,6 +15,7 @@ and says which key to change, rather than wait for ever.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import time
 
@@ -102,10 +103,13 @@ def stuck(jobs: dict, states: dict | None) -> dict[str, str]:
 
 def largest_node(partition: str | None) -> tuple[int, int] | None:
     """(CPUs, memory in MB) of the partition's largest node (the default partition's for None), as sinfo
-    tells; None where it cannot."""
+    tells; None where it cannot (no sinfo, no cluster, a SLURM_CONF that is not there: sinfo would retry it 60 s)."""
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.exists(conf):
+        return None
     try:
         out = subprocess.run(["sinfo", "-h", "-N", "-o", "%c %m %P", *(["-p", partition] if partition else [])],
-                             capture_output=True, text=True, timeout=30)
+                             capture_output=True, text=True, timeout=15)
     except (OSError, subprocess.TimeoutExpired):
         return None
     rows = [line.split() for line in out.stdout.splitlines() if len(line.split()) == 3]
