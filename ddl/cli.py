@@ -51,10 +51,11 @@ def _origin(err: BaseException) -> BaseException:
 
 def _sweep_without_m(argv: list[str]) -> str | None:
     """The first override of several values in a command without -m (Hydra's parsers read argv)."""
-    from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
-    args = get_args_parser().parse_args(argv)
+
+    from .launch.hydra_private import args_parser
+    args = args_parser().parse_args(argv)
     if args.multirun:
         return None
     try:
@@ -137,16 +138,15 @@ def _print_help(config_dir: str, argv: list[str]) -> bool:
     if argv in (["--help"], ["-h"]):
         print(help.page(help.default_config()))
         return True
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_config_search_path, get_args_parser
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    args = get_args_parser().parse_args(argv)
+    from .launch.hydra_private import args_parser, main_hydra
+    args = args_parser().parse_args(argv)
     if not args.help or args.config_name or args.config_path or args.config_dir:
         return False
     register()
-    hydra = Hydra.create_main_hydra2(task_name="cli", config_search_path=create_config_search_path(config_dir))
+    hydra = main_hydra(config_dir)
     cfg = hydra.compose_config("config", args.overrides, run_mode=RunMode.RUN)
     HydraConfig.instance().set_config(cfg)
     print(help.page(hydra.get_sanitized_cfg(cfg, "job"), resolve=args.resolve))

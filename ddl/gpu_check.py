@@ -327,7 +327,8 @@ def _timed(fn, *args, on_gpu: bool) -> float:
 def _nbytes(tree) -> int:
     """The bytes of the tensors of a nested tuple of arguments or results."""
     import torch
-    from torch.utils._pytree import tree_leaves
+
+    from .model.torch_private import tree_leaves
     return sum(t.numel() * t.element_size() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
 
 

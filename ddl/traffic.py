@@ -24,9 +24,9 @@ import contextlib
 from pathlib import Path
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from .model.torch_private import FakeTensorMode, TorchDispatchMode, storage_key, tree_leaves
 
 MATMUL_MIN_SIDE = 16
 MATMULS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation", "matmul"}
@@ -37,7 +37,7 @@ WRITE_ONLY = {"new_zeros", "new_ones", "new_full", "zeros_like", "ones_like", "f
 
 
 def _tensors(tree) -> list[torch.Tensor]:
-    leaves = torch.utils._pytree.tree_leaves(tree)
+    leaves = tree_leaves(tree)
     return [t for t in leaves if isinstance(t, torch.Tensor)]
 
 
@@ -129,8 +129,8 @@ class _FusedNorms(TorchFunctionMode):
 def _saved_storages(parameters: set[int], saved: dict[int, int]):
     def pack(t):
         storage = t.untyped_storage()
-        if storage._cdata not in parameters:
-            saved[storage._cdata] = storage.nbytes()
+        if storage_key(storage) not in parameters:
+            saved[storage_key(storage)] = storage.nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -148,7 +148,7 @@ def step_traffic(cfg, batch: int = 16, seq: int = 1024) -> dict:
     counter, saved = OpCounter(), {}
     with FakeTensorMode(allow_non_fake_inputs=True), cuda_path():
         model = model.to_empty(device="cpu")
-        parameters = {p.untyped_storage()._cdata for p in model.parameters()}
+        parameters = {storage_key(p.untyped_storage()) for p in model.parameters()}
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
         idx = torch.zeros(batch, seq, dtype=torch.long)
         with counter:

@@ -41,9 +41,9 @@ def test_bf16_autocast_gives_the_fp32_numbers(name):
 @pytest.fixture
 def fresh_dynamo():
     """Each compile starts from an empty cache (the blocks' and the head's code objects, compiled per variant)."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     yield
-    torch._dynamo.reset()
+    torch.compiler.reset()
 
 
 def assert_compiled_gives_the_eager_numbers(name: str, backend: str) -> None:

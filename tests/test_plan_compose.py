@@ -26,22 +26,22 @@ def _multirun(args: list[str]):
     override sets it hands the launcher; a search's: its rows and each row at each end of each range, as
     ddl.launch.tuning plans them."""
     from hydra import initialize_config_dir
-    from hydra._internal.callbacks import Callbacks
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.plugins import Plugins
     from hydra.types import HydraContext, RunMode
 
     from ddl.launch.configs import conf_dir, register
+    from ddl.launch.hydra_private import callbacks, sweep_overrides
     from ddl.tune.space import split
     register()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):   # ddl-run's hydra.main
         hydra = GlobalHydra.instance().hydra
         master = hydra.compose_config("config", [*args, "dry_run=true"], run_mode=RunMode.MULTIRUN)
         sweeper = Plugins.instance().instantiate_sweeper(
-            config=master, hydra_context=HydraContext(hydra.config_loader, Callbacks(master)), task_function=print)
+            config=master, hydra_context=HydraContext(hydra.config_loader, callbacks(master)), task_function=print)
         parser = OverridesParser.create(config_loader=hydra.config_loader)
-        rows, space = split(parser.parse_overrides([*sweeper._parse_config(), *master.hydra.overrides.task]))
+        rows, space = split(parser.parse_overrides([*sweep_overrides(sweeper), *master.hydra.overrides.task]))
         [sets] = sweeper.split_arguments(rows, None)
         yield sweeper.launcher, sets + [[*row, end] for row in sets for dim in space for end in dim.ends()]
 

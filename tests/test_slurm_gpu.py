@@ -31,11 +31,12 @@ def job_script(overrides: list, ddl_home) -> str:
     """The sbatch script submitit would submit for these overrides: the launcher config as ddl-run's
     Hydra app composes it, the launcher and its submitit executor built from it as for a sweep."""
     from hydra.utils import instantiate
+
+    from ddl.launch.submitit_private import slurm_script
     out = run_cli("ddl-run", *overrides, "--cfg", "all", "--resolve", env_extra={"DDL_HOME": str(ddl_home)})
     assert out.returncode == 0, out.stderr
     launcher = instantiate(yaml.safe_load(out.stdout)["hydra"]["launcher"])
-    slurm = launcher.executor()._executor                      # submitit's SlurmExecutor behind the AutoExecutor
-    return slurm._make_submission_file_text(slurm._submitit_command_str, "test")
+    return slurm_script(launcher.executor())
 
 
 def sbatch_test_only(cluster, script: str, tmp_path) -> subprocess.CompletedProcess:

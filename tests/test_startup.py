@@ -112,14 +112,12 @@ def _hydras_own_help(overrides: list[str]) -> str:
     import contextlib
     import io
 
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_config_search_path, get_args_parser
-
     from ddl.launch.configs import conf_dir
-    hydra = Hydra.create_main_hydra2(task_name="cli", config_search_path=create_config_search_path(str(conf_dir())))
+    from ddl.launch.hydra_private import args_parser, main_hydra
+    hydra = main_hydra(str(conf_dir()))
     page = io.StringIO()
     with contextlib.redirect_stdout(page):
-        hydra.app_help("config", get_args_parser(), get_args_parser().parse_args(["--help", *overrides]))
+        hydra.app_help("config", args_parser(), args_parser().parse_args(["--help", *overrides]))
     return page.getvalue()
 
 

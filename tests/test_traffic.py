@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ddl.bench import SAVED_TARGET, TRAFFIC_TARGETS
+from ddl.model.torch_private import FakeTensorMode
 from ddl.traffic import OpCounter
 
 

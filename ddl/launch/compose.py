@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import copy
 
-from hydra._internal.config_loader_impl import ConfigLoaderImpl
-from hydra._internal.defaults_list import Overrides
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
+
+from . import hydra_private
+from .hydra_private import ConfigLoaderImpl
 
 
 def task_config(cfg: DictConfig) -> DictConfig:
@@ -39,7 +40,7 @@ class JobConfigs:
         self.loader, self.master = loader, master
         hydra_overrides = OmegaConf.to_container(master.hydra.overrides.hydra)
         # the repository Hydra composes from: its search path with any hydra.searchpath of the command line
-        _, self.repo = loader._parse_overrides_and_create_caching_repo(master.hydra.job.config_name, hydra_overrides)
+        self.repo = hydra_private.caching_repo(loader, master.hydra.job.config_name, hydra_overrides)
         self.parser = OverridesParser.create()
         self.parsed: dict[str, tuple[Override, bool]] = {}   # override -> (Hydra's parse, whether it is a value)
         self.bases: dict[tuple[str, ...], DictConfig] = {}   # group overrides -> their composition
@@ -54,7 +55,7 @@ class JobConfigs:
         """A copy of the composition of the job's group overrides, with its other overrides applied."""
         parsed = [self._parse(line) for line in overrides]
         cfg = copy.deepcopy(self._base(tuple(override.input_line for override, value in parsed if not value)))
-        ConfigLoaderImpl._apply_overrides_to_config([override for override, value in parsed if value], cfg)
+        hydra_private.apply_overrides([override for override, value in parsed if value], cfg)
         return cfg
 
     def full(self, overrides: list[str]) -> DictConfig:
@@ -72,6 +73,6 @@ class JobConfigs:
         if line not in self.parsed:
             [override] = self.parser.parse_overrides([line])
             value = not (override.is_sweep_override() or override.is_hydra_override()) \
-                and bool(Overrides(self.repo, [override]).config_overrides)
+                and hydra_private.is_config_override(self.repo, override)
             self.parsed[line] = override, value
         return self.parsed[line]

@@ -20,7 +20,7 @@ from hydra.core.utils import JobReturn, JobStatus
 
 from .. import paths
 from ..train.signals import DeferredSignals
-from . import cluster, data_jobs, status
+from . import cluster, data_jobs, hydra_private, status, submitit_private
 from .spec import Job
 
 
@@ -151,10 +151,7 @@ def lost_result(handle, signature: str, state: str) -> Result:
 def outcome(handle, run_dir: Path) -> Result:
     """(state, detail, JobReturn): the job's own error line when it wrote one, else submitit's."""
     if _local_controller(handle) is not None:
-        # A local job's process has exited: its result file is on this host's disk, or never will be.
-        # submitit polls 15 s for one a cluster's network filesystem may not show yet, a killed or
-        # crashed job's wait, one job after another, before the summary.
-        handle._results_timeout_s = 0
+        submitit_private.stop_waiting_for_results(handle)   # else 15 s a killed job, one after another
     try:
         result, error = handle.results()[0], None
     except Exception as err:  # the job process died or raised outside Hydra's run_job
@@ -167,7 +164,7 @@ def outcome(handle, run_dir: Path) -> Result:
         return Result(value.get("status", "finished"), f"{detail}; {note}" if note else detail, result,
                       reused_from=value.get("reused_from"))       # a job that found its run finished elsewhere
     if error is None:
-        error = result._return_value  # Hydra keeps the task's exception here
+        error = hydra_private.job_exception(result)
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     recorded = status.read(run_dir)
     detail = recorded.get("error") or (lines[-1] if lines else type(error).__name__)
@@ -187,7 +184,7 @@ def _stop_local_job(handle) -> bool:
 
 def _local_controller(handle):
     """The process submitit started for a local job (it runs the job's tasks); None for a cluster job."""
-    return getattr(handle, "_process", None)
+    return submitit_private.local_process(handle)
 
 
 def _on_cluster(running: dict) -> dict:

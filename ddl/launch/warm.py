@@ -407,7 +407,8 @@ def become(request: dict) -> None:
     exit steps (threads joined, atexit, stdio flushed), then os._exit. The interpreter's teardown of the
     preloaded heap, ~2 s that frees nothing a process's end would not, is skipped."""
     import runpy
-    import threading
+
+    from . import interpreter_private
     _take_process(request)
     code, interrupted = 0, False
     try:
@@ -427,9 +428,7 @@ def become(request: dict) -> None:
         sys.excepthook(type(err), err, err.with_traceback(trace).__traceback__)
         code, interrupted = 1, isinstance(err, KeyboardInterrupt)
     finally:
-        threading._shutdown()
-        import atexit
-        atexit._run_exitfuncs()
+        interpreter_private.finish_as_at_exit()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()

@@ -11,10 +11,11 @@ import hashlib
 import math
 
 import torch
-import torch.utils.checkpoint
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
+from . import torch_private
 from .config import ModelConfig
 from .delta import DeltaResidual, EmbedExpander, StateCompressor, delta_kernels, make_compressor
 from .fused import at_least_fp32, state_dtype
@@ -282,9 +283,7 @@ class GPT(nn.Module):
         self.head = torch.compile(self.head, fullgraph=True, backend=backend, mode=mode)
         # each of a block's graphs (block 0, the middle ones, the last; training, evaluation, the ranks' pass) counts
         # towards dynamo's recompile limit of its code, and past it fullgraph fails
-        for name in ("recompile_limit", "cache_size_limit"):
-            if hasattr(torch._dynamo.config, name):
-                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 64))
+        torch_private.raise_recompile_limit(64)
 
     def delta_residuals(self) -> list[tuple[str, DeltaResidual]]:
         return [(f"L{i:02d}.{part}", getattr(block, f"delta_{part}"))

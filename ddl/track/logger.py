@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from .. import paths
-from . import checkpoints, store
+from . import checkpoints, mlflow_private, store
 from .journal import Journal
 from .runs import TrackedRun
 
@@ -56,7 +56,8 @@ class MLflowLogger:
         self.gave_up = False                              # the store stayed down past the patience
         self._system_points: list = []                   # MLflow's system metrics, from its monitor's thread
         self._system_lock = threading.Lock()
-        self._system = system_metrics_monitor(run.id, self._take_system_metrics)
+        self._system = mlflow_private.system_metrics_monitor(run.id, paths.tracking_uri(),
+                                                             self._take_system_metrics)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self._pending.extend(self._journaled(metrics, step))
@@ -162,28 +163,3 @@ class MLflowLogger:
             self.flush()
             self._uploads.wait(self.patience)
         self._worker.shutdown(wait=not self.gave_up)
-
-
-def system_metrics_monitor(run_id: str, take: Callable[[dict[str, float], int], None]):
-    """MLflow's own system metrics (CPU, memory, disk, network; GPU where its library finds one) for the
-    run while it trains, each sample handed to `take(metrics, step)` rather than to MLflow's own logger:
-    a started monitor to finish(), or None where psutil is missing."""
-    try:
-        import psutil  # noqa: F401 - MLflow's monitors need it
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-    except ImportError:
-        return None
-    import logging
-
-    class Monitor(SystemMetricsMonitor):
-        def publish_metrics(self, metrics):
-            prefix = self._metrics_prefix + (self.node_id + "/" if self.node_id else "")
-            take({prefix + k: v for k, v in metrics.items()}, self._logging_step)
-            self._logging_step += 1
-            for monitor in self.monitors:
-                monitor.clear_metrics()
-
-    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)     # no start/stop lines per job
-    monitor = Monitor(run_id, resume_logging=True, tracking_uri=paths.tracking_uri())
-    monitor.start()
-    return monitor

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .. import paths
+from . import mlflow_private
 
 SIGNATURE_TAG = "ddl.signature"
 ERROR_TAG, EVAL_ERROR_TAG = "ddl.error", "ddl.eval_error"
@@ -130,38 +131,19 @@ def _schema_template() -> Path | None:
     in place."""
     from importlib.metadata import version
 
-    from mlflow.store.db import utils as db_utils
     template = paths.user_cache_dir() / f"mlflow-{version('mlflow')}-schema.db"
-    if template.is_file() and _at_mlflow_head(template):
+    if template.is_file() and mlflow_private.at_schema_head(template):
         return template
     building = template.with_name(f".{template.name}.{os.getpid()}.tmp")
     try:
         template.parent.mkdir(parents=True, exist_ok=True)
-        engine = db_utils.create_sqlalchemy_engine(f"sqlite:///{building}")
-        try:
-            db_utils._initialize_tables(engine)          # what SqlAlchemyStore runs on an empty database
-        finally:
-            engine.dispose()
+        mlflow_private.create_schema(building)
         os.replace(building, template)                  # whole or absent, whichever home makes it first
         return template
     except Exception:
         with contextlib.suppress(OSError):
             building.unlink(missing_ok=True)
         return None
-
-
-def _at_mlflow_head(db: Path) -> bool:
-    """Whether an SQLite file holds every table of MLflow's schema at its head revision (what SqlAlchemyStore
-    checks), read through an engine of its own: MLflow caches its store's engine per URI."""
-    from mlflow.store.db import utils as db_utils
-    engine = db_utils.create_sqlalchemy_engine(f"sqlite:///{db}")
-    try:
-        return db_utils._all_tables_exist(engine) and (
-            db_utils._get_schema_version(engine) == db_utils._get_latest_schema_revision())
-    except Exception:
-        return False
-    finally:
-        engine.dispose()
 
 
 def exists() -> bool:

@@ -1,12 +1,11 @@
 """Hydra instantiates launchers and sweepers only from the hydra_plugins namespace; ddl's logic lives in
 ddl.launch.launcher, these two launchers select the submitit executor."""
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
+from ddl.launch import hydra_private
 from ddl.launch.launcher import SweepLauncher
 
 
-class PlannedSweeper(BasicSweeper):
+class PlannedSweeper(hydra_private.basic_sweeper()):
     """Hydra's basic sweeper without its own composition check of each job: the launcher's plan composes
     and validates every job before anything runs (the same errors, one line each), so it was done twice.
     A searched key makes it run each row's search instead."""
@@ -29,7 +28,7 @@ class PlannedSweeper(BasicSweeper):
         if replaced:
             print(f"ddl-run: the command line replaces the sweep's {', '.join(replaced)} (hydra.sweeper.params)",
                   flush=True)
-        overrides = parser.parse_overrides([*self._parse_config(), *arguments])
+        overrides = parser.parse_overrides([*hydra_private.sweep_overrides(self), *arguments])
         try:
             rows, space = split(overrides)
         except ValueError as err:

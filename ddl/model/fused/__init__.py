@@ -21,6 +21,7 @@ import warnings
 
 import torch
 
+from ..torch_private import assume_constant_result
 from . import eager, native
 
 _emulating_cuda = False
@@ -78,22 +79,13 @@ def _runs_cpp(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and _native()
 
 
-def _constant_to_compile(fn):
-    """torch.compiler.assume_constant_result(fn) without its import of torch._dynamo (~2 s of the start
-    of a process that builds a model and never compiles or trains, an evaluation's; torch.optim imports
-    it anyway): the mark is the attribute dynamo reads when it traces. The fullgraph compile tests fail
-    if tracing stops honouring it."""
-    fn._dynamo_marked_constant = True
-    return fn
-
-
-@_constant_to_compile
+@assume_constant_result
 def _native() -> bool:
     """Whether the C++ loops run on CPU: a constant to torch.compile, which builds them while tracing."""
     return native.enabled() and native.ops() is not None
 
 
-@_constant_to_compile
+@assume_constant_result
 def _triton() -> bool:
     """Whether the Triton loops run on CUDA: a constant to torch.compile."""
     return native.enabled() and _triton_registered()
