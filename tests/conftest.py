@@ -16,7 +16,7 @@ import torch
 VENV_BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parent.parent
 SLURM_LOCAL = ROOT / "scripts" / "slurm-local"
-SLURM_DAEMONS = ("munged", "slurmctld", "slurmd", "watchdog")   # the PID files `slurm-local up` writes
+SLURM_DAEMONS = ("munged", "slurmctld", "slurmd-*", "watchdog")   # the PID files `slurm-local up` writes
 # Variables a surrounding SLURM (a job or allocation on a real cluster) sets for its clients.
 SLURM_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SINFO_", "SCONTROL_", "SACCT_")
 # Where the device-aware tests (the Triton kernels, bf16, compile) run: DDL_TEST_DEVICE, else CUDA if present.
@@ -232,7 +232,7 @@ def _children(pid: int) -> list:
 def slurm_up(directory: Path, shape: dict | None = None) -> SlurmCluster:
     """`scripts/slurm-local up` in `directory`, ended by a watchdog if this process dies first;
     skips where SLURM cannot run here (exit 3: not root, no apt-get). `shape`: a declared node
-    (DDL_SLURM_NODE_CPUS, DDL_SLURM_FAKE_GPUS) instead of this host's."""
+    (DDL_SLURM_NODE_CPUS, DDL_SLURM_FAKE_GPUS) instead of this host's, or two (DDL_SLURM_NODES=2)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith((*SLURM_ENV_PREFIXES, "DDL_SLURM_"))}
     up = subprocess.run([str(SLURM_LOCAL), "up", "--until-exit", str(os.getpid())], capture_output=True,
                         text=True, timeout=600, env={**env, **(shape or {}), "DDL_SLURM_DIR": str(directory)})
@@ -241,10 +241,13 @@ def slurm_up(directory: Path, shape: dict | None = None) -> SlurmCluster:
     assert up.returncode == 0, up.stdout + up.stderr
     assert f"export SLURM_CONF={directory}/slurm.conf" in up.stdout, up.stdout
     pids = {}
-    for name in SLURM_DAEMONS:
-        pids[name] = int((directory / f"{name}.pid").read_text())
+    for pid_file in (found for pattern in SLURM_DAEMONS for found in sorted(directory.glob(f"{pattern}.pid"))):
+        name = pid_file.stem
+        pids[name] = int(pid_file.read_text())
         for child in _children(pids[name]) if name != "watchdog" else ():   # slurmctld's slurmscriptd
             pids[f"{name}/{child}"] = child
+    assert len([name for name in pids if "/" not in name]) == len(SLURM_DAEMONS) - 1 + int((shape or {}).get(
+        "DDL_SLURM_NODES", 1)), pids
     return SlurmCluster(directory, directory / "slurm.conf", pids)
 
 

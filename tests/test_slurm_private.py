@@ -3,6 +3,7 @@ SLURM (here a decoy /etc/slurm/slurm.conf and a process named slurmd) is neither
 signalled, by the SLURM tests (test_slurm.py runs before this file) nor by `slurm-local down`."""
 
 import os
+import re
 import socket
 import subprocess
 import time
@@ -28,6 +29,11 @@ def _conf_value(conf: Path, key: str) -> str:
     return next(line.split("=", 1)[1] for line in conf.read_text().splitlines() if line.startswith(key + "="))
 
 
+def _ports(conf: Path) -> set[str]:
+    """slurmctld's port and each node's slurmd's."""
+    return {_conf_value(conf, "SlurmctldPort"), *re.findall(r"^NodeName=.* Port=(\d+)", conf.read_text(), re.M)}
+
+
 def _job_prints_its_cluster(cluster, out_dir: Path) -> str:
     """A one-line batch job's output; polled (sbatch --wait polls at 2-10 s)."""
     out = out_dir / "job.out"
@@ -50,12 +56,11 @@ def test_the_private_cluster_leaves_a_system_slurm_alone(system_slurm_decoys, sl
     # A second private cluster beside it (own ports and munged): up, a job, down by its PID files.
     other = slurm_up(tmp_path_factory.mktemp("slurm"))
     try:
-        assert {_conf_value(other.conf, k) for k in ("SlurmctldPort", "SlurmdPort")}.isdisjoint(
-            {_conf_value(slurm_cluster.conf, k) for k in ("SlurmctldPort", "SlurmdPort")})
+        assert len(_ports(other.conf)) == 2 and _ports(other.conf).isdisjoint(_ports(slurm_cluster.conf))
         assert _job_prints_its_cluster(other, tmp_path_factory.mktemp("job")) == "ddl-private"
     finally:
         down = slurm_down(other)                                      # asserts its processes are gone
-    assert "stopped slurmd:" in down.stdout and not list(other.dir.glob("*.pid"))
+    assert "stopped slurmd-" in down.stdout and not list(other.dir.glob("*.pid"))
 
     assert not system_slurm_decoys.disturbed()
     assert len(slurm_cluster.alive()) == len(slurm_cluster.pids)      # the suite's cluster is still up
