@@ -83,6 +83,24 @@ def test_sigterm_stops_a_run_killed_in_one_line_and_it_resumes(ddl_home):
     assert run.info.status == "FINISHED" and logged_steps(run) == (list(range(1, 21)), [10, 20])
 
 
+@pytest.mark.slow
+def test_a_run_under_cuda_graphs_mode_is_killed_and_resumes(ddl_home):
+    """train.compile_mode=reduce-overhead takes the same path on CPU as on CUDA (each step marked for the graphs,
+    evaluation its own shapes), where inductor records no graphs: a run killed after a checkpoint resumes and logs
+    every step once."""
+    graphs = ["model=micro", "train=smoke", "train.steps=60", "train.ckpt_every=5", "train.eval_every=30",
+              "train.log_every=1", "train.compile=true", "train.compile_mode=reduce-overhead"]
+    job = start("ddl-run", *graphs)
+    wait_for(lambda: any((ddl_home / "runs").glob("*/checkpoints/step_*.pt")) or job.poll() is not None)
+    job.kill()
+    _, err = job.communicate()
+    assert job.returncode == -signal.SIGKILL, err[-3000:]
+    out = run_cli("ddl-run", *graphs)
+    assert out.returncode == 0 and "resumed from step" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+    [run] = mlflow_runs("default")
+    assert run.info.status == "FINISHED" and logged_steps(run) == (list(range(1, 61)), [30, 60])
+
+
 def as_a_terminal_job():
     """In the child, before exec: Ctrl-C as a terminal delivers it (a background shell starts its jobs
     ignoring SIGINT, and an ignored signal is inherited). With start_new_session, its own process group."""

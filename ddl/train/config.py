@@ -45,6 +45,9 @@ def check_model_numbers(model: ModelConfig) -> None:
 # it learns.
 BOOKKEEPING = ("log_every", "eval_every", "ckpt_every", "keep_checkpoints", "checkpoint_artifact",
                "activation_checkpointing")
+# How torch.compile launches the compiled blocks: reduce-overhead and max-autotune replay each step's kernels as CUDA
+# graphs (nothing on CPU). How a step is launched, not what it computes: not in the signature.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 # Which checkpoints a run uploads to its MLflow run (one artifact, replaced): every one, the last, or none.
 CHECKPOINT_ARTIFACTS = ("latest", "final", "none")
 
@@ -68,6 +71,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     log_every: int = 10
     compile: bool = False
+    compile_mode: str = "default"     # COMPILE_MODES (with compile=true)
     activation_checkpointing: bool = False   # recompute each block's activations in backward: memory for time
     device: str = "auto"              # auto | cpu | cuda
     checkpoint_artifact: str = "latest"   # CHECKPOINT_ARTIFACTS: what travels with the run to its store
@@ -97,6 +101,10 @@ class TrainConfig:
         for key in ("compile", "activation_checkpointing"):
             if not isinstance(getattr(self, key), bool):
                 _fail(key, getattr(self, key), "must be true or false")
+        if self.compile_mode not in COMPILE_MODES:
+            _fail("compile_mode", self.compile_mode, f"must be one of {', '.join(COMPILE_MODES)}")
+        if self.compile_mode != "default" and not self.compile:
+            _fail("compile_mode", self.compile_mode, "needs train.compile=true (the mode is how the blocks compile)")
         if self.device not in ("auto", "cpu", "cuda"):
             _fail("device", self.device, "must be one of auto, cpu, cuda")
         if self.checkpoint_artifact not in CHECKPOINT_ARTIFACTS:
@@ -163,7 +171,8 @@ class RunConfig:
 
     def effective_dict(self) -> dict:
         """What changes the numbers: the signature is a hash of this (and the MLflow params are it).
-        Not in it: the data fields the source ignores, when the run logs, validates and saves, a
+        Not in it: the data fields the source ignores, when the run logs, validates and saves, how a step
+        is launched (compile_mode), a
         model field added later while it holds the value earlier runs had (LATER_FIELDS), replica 0, and the
         token budget's c and the warmup's share f (what they change is the steps they set)."""
         effective = RunConfig(self.model.effective(), self.data, self.train, self.seed, self.replica).to_dict()
@@ -173,7 +182,7 @@ class RunConfig:
         for key, earlier in LATER_FIELDS.items():
             if effective["model"][key] == earlier:
                 del effective["model"][key]
-        for key in (*BOOKKEEPING, "tokens_per_param", "warmup_frac"):
+        for key in (*BOOKKEEPING, "compile_mode", "tokens_per_param", "warmup_frac"):
             del effective["train"][key]
         return effective
 

@@ -90,6 +90,13 @@ class _DeferredSignals(DeferredSignals):
         self.__enter__()                # the previous handler chose to carry on: so do we
 
 
+def mark_step(cfg: TrainConfig) -> None:
+    """Under CUDA graphs (a compile_mode that replays them), a new step begins: the graphs may overwrite the last
+    step's outputs. Nothing happens on CPU, where inductor records no graphs."""
+    if cfg.compile and cfg.compile_mode != "default":
+        torch.compiler.cudagraph_mark_step_begin()
+
+
 @torch.no_grad()
 def evaluate_loss(model: torch.nn.Module, split, cfg: TrainConfig, device: torch.device, info: DistInfo,
                   autocast) -> float:
@@ -99,6 +106,7 @@ def evaluate_loss(model: torch.nn.Module, split, cfg: TrainConfig, device: torch
     for i, (x, y) in enumerate(val_batches(split, cfg.micro_batch, cfg.seq_len, cfg.eval_tokens)):
         if i % info.world_size != info.rank:
             continue
+        mark_step(cfg)                                   # evaluation's shapes record graphs of their own
         with autocast:
             _, loss = model(x.to(device), y.to(device))
         totals += torch.tensor([loss.item() * y.numel(), y.numel()], dtype=torch.float64, device=device)
@@ -134,7 +142,7 @@ class Trainer:
         self.logged = (self.step, time.time())
         self.model.checkpoint_blocks = self.cfg.activation_checkpointing
         if self.cfg.compile:                          # per block, before DDP wraps the model
-            self.model.compile_blocks()
+            self.model.compile_blocks(mode=None if self.cfg.compile_mode == "default" else self.cfg.compile_mode)
         self.ddp = None
         if self.info.world_size > 1:   # gradients in the buckets' memory; buffers (RoPE's tables) never change
             self.ddp = DistributedDataParallel(self.model, gradient_as_bucket_view=True, broadcast_buffers=False,
@@ -221,6 +229,7 @@ class Trainer:
         before = (self.step, self.loader.state_dict(), self.scheduler.state_dict())
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(self.accum):
+            mark_step(self.cfg)
             x, y = self.loader.next_batch()
             sync = self.ddp is None or micro == self.accum - 1
             with (contextlib.nullcontext() if sync else self.ddp.no_sync()), self.autocast:
