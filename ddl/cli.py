@@ -199,10 +199,13 @@ def _leave_nothing() -> None:
 
 def _run_one(cfg):
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from .launch.job import run_task
     from .launch.spec import check_single_run
-    check_single_run(cfg, list(HydraConfig.get().overrides.task))
+    hydra = HydraConfig.get()
+    check_single_run(cfg, list(hydra.overrides.task),
+                     list(hydra.overrides.hydra) if hydra.mode == RunMode.RUN else [])   # a sweep's job: launched
     if cfg.dry_run:
         import shutil
         from .launch.spec import Job

@@ -4,6 +4,7 @@ upgrade that moves one fails here, naming the dependency, its version and the ve
 
 import ast
 import contextlib
+import os
 import platform
 import subprocess
 import sys
@@ -159,6 +160,11 @@ def test_submitits_private_names(tmp_path):
         assert hasattr(job, "_results_timeout_s"), "submitit's wait for a result file has moved"
         module.stop_waiting_for_results(job)
         assert job.result() == 3
+        local = submitit.AutoExecutor(tmp_path / "pinned", cluster="local")
+        local.update_parameters(gpus_per_node=1)
+        module.pin_local_gpus(local, [3])
+        pinned = local.submit(os.getenv, "CUDA_VISIBLE_DEVICES")
+        assert pinned.result() == "3"
         executor = submitit.AutoExecutor(tmp_path / "slurm", cluster="slurm")
         executor.update_parameters(slurm_partition="probe")
         script = module.slurm_script(executor)

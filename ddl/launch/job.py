@@ -49,6 +49,7 @@ def _tags(job: Job, launcher: str) -> dict:
     return {"mlflow.source.git.commit": commit, "mlflow.source.name": "ddl-run", "mlflow.source.type": "JOB",
             "ddl.sweep": job.experiment, "ddl.git_commit": commit, "ddl.git_dirty": dirty, "ddl.launcher": launcher,
             "ddl.slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "ddl.host": socket.gethostname(),
+            "ddl.cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),      # the GPUs it was given
             "ddl.torch": torch.__version__, "ddl.cuda": str(torch.version.cuda),
             "ddl.python": platform.python_version(), "ddl.tokenizer": tokenizer,
             "ddl.loss_unit": f"nats/token ({tokenizer})", "ddl.row": row_name(job.run.model), **_search_tags(job)}

@@ -29,7 +29,7 @@ from .. import paths
 from ..text import plural
 from ..track.filesystems import warn_if_sqlite_on_network
 from ..train.signals import DeferredSignals
-from . import cluster, data_jobs, power, status, warm
+from . import cluster, data_jobs, gpus, power, status, warm
 from .compose import JobConfigs
 from .configs import ConfigError
 from .plan import Plan, make_plan
@@ -56,6 +56,7 @@ class SweepLauncher(BaseSubmititLauncher):
         self.max_parallel, self.gpu_memory_gib, self.warm_start = max_parallel, gpu_memory_gib, warm_start
         self.local_python: str | None = None     # submitit's local `python`: a warm server's client (ddl.launch.warm)
         self._job_configs: JobConfigs | None = None
+        self._gpu_slots: gpus.GpuSlots | None = None
 
     # -- planning ---------------------------------------------------------------------------
     def job_configs(self) -> JobConfigs:
@@ -137,11 +138,33 @@ class SweepLauncher(BaseSubmititLauncher):
         return executor
 
     def bound(self, n_jobs: int) -> int:
+        """How many jobs run at once: max_parallel, and locally at most what the CPUs (or the GPUs) hold."""
+        slots = self.gpu_slots()
+        if slots is not None:
+            return min(self.max_parallel or len(slots.groups), len(slots.groups))     # never two jobs on one GPU
         if self.max_parallel:
             return self.max_parallel
         if self._EXECUTOR == "local":
             return max(1, len(os.sched_getaffinity(0)) // max(1, self.params.get("cpus_per_task") or 1))
         return n_jobs
+
+    def gpu_slots(self) -> gpus.GpuSlots | None:
+        """The machine's GPUs in groups of gpus_per_node, for the local launcher's jobs (ddl.launch.gpus); None
+        without GPU jobs, or on a cluster. A job asking more GPUs than the machine has is one line."""
+        per_job = self.params.get("gpus_per_node") or 0
+        if self._EXECUTOR != "local" or not per_job:
+            return None
+        if self._gpu_slots is None:
+            try:
+                found, source = gpus.machine_gpus()
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+            if per_job > len(found):
+                has = f"{len(found)} GPU{'' if len(found) == 1 else 's'}" if found else "no GPU"
+                raise ConfigError(f"hydra.launcher.gpus_per_node={per_job}: this machine has {has} ({source}); "
+                                  f"ask {f'at most {len(found)}, or ' if found else ''}0 to train on CPU")
+            self._gpu_slots = gpus.GpuSlots(found, per_job)
+        return self._gpu_slots
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from .table import job_table, progress_seconds   # rich: not for every ddl-run (Hydra imports launchers)
@@ -150,6 +173,7 @@ class SweepLauncher(BaseSubmititLauncher):
             progress_seconds()                       # a bad DDL_PROGRESS_S, DDL_LOST_AFTER_S or DDL_LOCKS is one
             cluster.lost_after_seconds()             # line, before anything runs
             self.check_locks()
+            self.gpu_slots()
             gpus = self.params.get("gpus_per_node") or 0
             plan, resolves = power.plan_seeds(self, self.plan(job_overrides), gpus)
             self.check_fit(plan.jobs)

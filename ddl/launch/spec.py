@@ -88,11 +88,15 @@ def check_warmup(cfg: DictConfig, overrides: list[str]) -> None:
                           f"warmup (round({frac} * train.steps)); give one: train.warmup_frac=null to set the steps")
 
 
-def check_single_run(cfg: DictConfig, overrides: list[str]) -> None:
-    """A run without -m: its warmup (check_warmup), and a search's setting (tune.*) on a run no search launched is
-    one line (it would train a plain run and ignore it)."""
+def check_single_run(cfg: DictConfig, overrides: list[str], hydra_overrides: list[str] = ()) -> None:
+    """A run without -m: its warmup (check_warmup); a search's setting (tune.*) on a run no search launched, or a
+    launcher's (it trains in this process, through no launcher), is one line (it would be ignored)."""
     from ..tune.space import PLAIN_TUNE_KEYS, unsearched_line
     check_warmup(cfg, overrides)
+    launcher = next((line for line in hydra_overrides if line.startswith(("hydra.launcher.", "hydra/launcher="))), None)
+    if launcher is not None:
+        raise ConfigError(f"{launcher}: a launcher's setting, which a run without -m ignores (it trains in this "
+                          f"process); add -m to launch it through the launcher")
     given = _given(overrides)
     unsearched = [k for k in given if k.startswith("tune.") and k not in PLAIN_TUNE_KEYS]
     if unsearched and not OmegaConf.select(cfg, "tune.role"):

@@ -134,6 +134,9 @@ class Submission:
                 self.executor.update_parameters(slurm_additional_parameters={
                     **(self.launcher.params.get("additional_parameters") or {}),
                     **(prepare.dependency() if prepare else {})})
+            slots = self.launcher.gpu_slots()
+            if slots is not None:                          # its own GPUs: CUDA_VISIBLE_DEVICES of its tasks
+                submitit_private.pin_local_gpus(self.executor, list(slots.take(job.signature, set(self.running))))
             with _children_ignore_sigint():
                 self.running[job.signature] = self.executor.submit(self.launcher, job.overrides, "hydra.sweep.dir",
                                                                    idx, f"job_id_for_{idx}", Singleton.get_state())

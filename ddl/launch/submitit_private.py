@@ -17,6 +17,12 @@ def local_process(job):
     return getattr(job, "_process", None)
 
 
+def pin_local_gpus(executor, gpus: list[int]) -> None:
+    """The GPUs (CUDA_VISIBLE_DEVICES) of the next local job an AutoExecutor submits: its local executor takes them,
+    the AutoExecutor does not (without them each job gets GPUs 0..gpus_per_node-1)."""
+    executor._executor.update_parameters(visible_gpus=gpus)
+
+
 def slurm_script(executor) -> str:
     """The sbatch script an AutoExecutor on SLURM would submit, for a test to read."""
     slurm = executor._executor
