@@ -5,6 +5,7 @@ round by round to cancel drift (thermal, other load). Writes reports/bench/bench
 
     python -m ddl.bench [--rounds 7] [--steps 3] [--quick] [--arms baseline,ddl_dv4,...] [--orchestrator] [--out DIR]
     python -m ddl.bench --traffic [--arms ...] [--size small] [--out DIR]
+    python -m ddl.bench --dispatch [--rounds 7] [--steps 3] [--out DIR]
 
 Memory on CPU is the activation memory autograd holds for backward (unique storages saved,
 parameters excluded: what grows with d_v); on CUDA, torch.cuda.max_memory_allocated over a step.
@@ -145,6 +146,38 @@ class Arm:
         loss.backward()
         self.model.zero_grad(set_to_none=True)
         return sum(n for ptr, n in storages.items() if ptr not in parameters)
+
+
+# The host's cost of a step: the paper small's depth with tensors too small for arithmetic to matter, one thread, so a
+# step's time is its dispatch (Python, autograd, the op calls); the ratios to the baseline's, eager and compiled.
+DISPATCH_SHAPE = dict(n_layer=12, n_head=2, d_model=32, max_seq_len=16, vocab_size=256)
+DISPATCH_BATCH, DISPATCH_SEQ = 1, 16
+DISPATCH_TARGETS = {"eager": {"ddl_dv1": 1.3, "ddl_dv4": 1.5}, "compiled": {"ddl_dv1": 1.2, "ddl_dv4": 1.3}}
+
+
+def dispatch_costs(rounds: int, steps: int, forms: tuple[str, ...] = ("eager", "compiled")) -> dict:
+    """model_costs of the baseline, d_v=1 and d_v=4 at DISPATCH_SHAPE on one thread, eager and compiled per block."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return {form: model_costs(torch.device("cpu"), DISPATCH_SHAPE, DISPATCH_BATCH, DISPATCH_SEQ, rounds, steps,
+                                  form == "compiled", ["baseline", *DISPATCH_TARGETS[form]])
+                for form in forms}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def dispatch_markdown(result: dict) -> str:
+    lines = [f"# ddl bench: a step's dispatch ({result['machine']}, torch {torch.__version__}, 1 thread)", "",
+             f"{DISPATCH_SHAPE['n_layer']} layers, d={DISPATCH_SHAPE['d_model']}, {DISPATCH_BATCH} x {DISPATCH_SEQ} "
+             "tokens: arithmetic is negligible, a step's time is its op calls.", "",
+             "| form | arm | step (ms) | x baseline | target |", "|---|---|---|---|---|"]
+    for form, rows in result["dispatch"].items():
+        for name, row in rows.items():
+            target = DISPATCH_TARGETS[form].get(name)
+            verdict = "" if target is None else f"<= {target} {'ok' if row['time_ratio'] <= target else 'MISSED'}"
+            lines.append(f"| {form} | {name} | {row['step_ms']:.2f} | {row['time_ratio']:.3f} | {verdict} |")
+    return "\n".join(lines + [""])
 
 
 def model_costs(device: torch.device, shape: dict, batch: int, seq: int, rounds: int, steps: int,
@@ -479,6 +512,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--traffic", action="store_true",
                         help="only the memory traffic and saved activations of one GPU training step per arm, counted "
                              "on fake tensors (no GPU needed): traffic.{json,md}")
+    parser.add_argument("--dispatch", action="store_true",
+                        help="only a step's dispatch cost: DISPATCH_SHAPE on one thread, eager and compiled per block, "
+                             "as ratios to the baseline: dispatch.{json,md}")
     parser.add_argument("--size", default="small", choices=list(SIZES), help="--traffic's model size (default small)")
     parser.add_argument("--record", nargs="?", type=Path, const=RECORDED_COSTS, default=None, metavar="PATH",
                         help="the arms' step ratios become the CPU figures the report's equal-compute verdicts read "
@@ -494,6 +530,10 @@ def main(argv: list[str] | None = None) -> int:
         result = {"machine": {"device": cpu_name()}, "orchestrator": orchestrator_costs(runs, sweep_jobs)}
         return _write(out, "orchestrator", result, "\n".join(
             [f"# ddl bench: the orchestrator ({cpu_name()})", "", *orchestrator_table(result["orchestrator"]), ""]))
+    if args.dispatch:
+        result = {"machine": cpu_name(), "dispatch": dispatch_costs(*((2, 2) if args.quick else (args.rounds,
+                                                                                                   args.steps)))}
+        return _write(out, "dispatch", result, dispatch_markdown(result))
     names = ["baseline", *(name for name in args.arms.split(",") if name != "baseline")]
     if error := arms_error(names):
         parser.error(error)

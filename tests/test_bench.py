@@ -87,3 +87,20 @@ def test_a_compiled_twin_is_judged_against_its_own_kind():
         "ddl_dv4_cc_compiled": "<= 1.47 ok", "ddl_dv1_nh2": ""}
     bounded = [name for name, row in cells.items() if f"(<= {MEMORY_TARGET} ok)" in row[-1]]
     assert bounded == ["ddl_dv4", "ddl_dv4_compiled"]
+
+
+def test_the_dispatch_bench_measures_the_delta_arms_on_one_thread_against_the_baseline():
+    """--dispatch's eager half (its compiled half is model_costs compiling per block, as make bench does): one
+    thread while it measures, the thread count given back, a row per arm with its target."""
+    import torch
+
+    from ddl.bench import DISPATCH_TARGETS, dispatch_costs, dispatch_markdown
+    threads = torch.get_num_threads()
+    result = {"machine": "this CPU", "dispatch": dispatch_costs(1, 1, ("eager",))}
+    assert torch.get_num_threads() == threads
+    rows = result["dispatch"]["eager"]
+    assert list(rows) == ["baseline", "ddl_dv1", "ddl_dv4"] and rows["baseline"]["time_ratio"] == 1.0
+    assert rows["ddl_dv4"]["params"] > rows["ddl_dv1"]["params"] > rows["baseline"]["params"]
+    text = dispatch_markdown(result)
+    for name, target in DISPATCH_TARGETS["eager"].items():
+        assert f"| eager | {name} | {rows[name]['step_ms']:.2f} | {rows[name]['time_ratio']:.3f} | <= {target} " in text
