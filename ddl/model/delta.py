@@ -25,7 +25,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .fused import (DeltaKey, DeltaWrite, FusedExpand, FusedRankOneRead, FusedStateRead, at_least_fp32,
-                    eager, norm_projections, update_steps)
+                    autocast_off, eager, norm_projections, update_steps)
 from .mup import value_multiplier
 
 
@@ -292,7 +292,7 @@ class StateCompressor(nn.Module):
 
     def read_write(self, w: torch.Tensor, k_raw: torch.Tensor) -> torch.Tensor:
         """read(w k~^T) from the (B,T,dv) and (B,T,d) factors (see rank_one_read), in w's dtype."""
-        with torch.autocast(w.device.type, enabled=False):
+        with autocast_off(w.device.type):
             return self.ops.rank_one_read(w, k_raw, self.taps())
 
 
@@ -379,7 +379,7 @@ class EmbedExpander(nn.Module):
         """
         B, T, d = x.shape
         K, L = self.weight.size(-1), taps.size(-1)
-        with torch.autocast(x.device.type, enabled=False):
+        with autocast_off(x.device.type):
             E = self.taps().to(taps.dtype)
             composite = taps.new_zeros(1, d, L + K - 1)
             for p in range(L):

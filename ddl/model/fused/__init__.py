@@ -59,7 +59,13 @@ def computing(loops, acc: torch.dtype, *tensors: torch.Tensor) -> list[torch.Ten
     in fp32; cast to the computing dtype acc for the C++ and PyTorch-op loops, which take one dtype."""
     if loops is torch.ops.ddl_triton:
         return list(tensors)
-    return [t.to(acc) for t in tensors]
+    return [t if t.dtype == acc else t.to(acc) for t in tensors]
+
+
+def autocast_off(device: str):
+    """torch.autocast(device, enabled=False) where autocast is on, else nothing to leave: entering one costs tens of
+    microseconds, a dispatch-bound step's worth over its hundreds of op calls."""
+    return torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else contextlib.nullcontext()
 
 
 def state_dtype(setting: str, x: torch.Tensor) -> torch.dtype:
@@ -130,7 +136,7 @@ class FusedDeltaUpdate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, X, h, beta, v, k_eps: float):
         loops = loops_for(X)
-        with torch.autocast(X.device.type, enabled=False):
+        with autocast_off(X.device.type):
             inputs = computing(loops, at_least_fp32(X.dtype), X, h, beta, v)
             X_new, w, rho, q = loops.update_forward(*inputs, k_eps ** 2)
         ctx.save_for_backward(*inputs, rho, q)
@@ -146,7 +152,7 @@ def _update_backward(ctx, G, g_w) -> list[torch.Tensor]:
     """The gradients of an update's X, k~, beta, v (each in its input's dtype) from what the forward saved."""
     X, *_ = saved = ctx.saved_tensors
     loops = loops_for(X)
-    with torch.autocast(G.device.type, enabled=False):
+    with autocast_off(G.device.type):
         G, = computing(loops, X.dtype, G)
         grads = loops.update_backward(G, g_w, *saved)
     return [cast(g, dtype) for g, dtype in zip(grads, ctx.dtypes, strict=True)]
@@ -161,7 +167,7 @@ class DeltaKey(torch.autograd.Function):
     @staticmethod
     def forward(ctx, X, h, beta, v, k_eps: float):
         loops = loops_for(X)
-        with torch.autocast(X.device.type, enabled=False):
+        with autocast_off(X.device.type):
             inputs = computing(loops, at_least_fp32(X.dtype), X, h, beta, v)
             w, rho, q = loops.key_forward(*inputs, k_eps ** 2)
         ctx.save_for_backward(*inputs, rho, q)
@@ -185,7 +191,7 @@ class DeltaWrite(torch.autograd.Function):
     def forward(ctx, handle, X, h_a, w_a, h, beta, v, A, k_eps: float, store_state: bool):
         loops = loops_for(X)
         acc = at_least_fp32(X.dtype)
-        with torch.autocast(X.device.type, enabled=False):
+        with autocast_off(X.device.type):
             inputs = computing(loops, acc, X, h_a, w_a, h, beta, v, A)
             X_out, w, rho, q, x_next = loops.write_forward(*inputs, k_eps ** 2, store_state)
         ctx.save_for_backward(*inputs[:-1], rho, q, inputs[-1])      # write_backward's order: ..., rho, q, A
@@ -199,7 +205,7 @@ class DeltaWrite(torch.autograd.Function):
         X, *_ = saved = ctx.saved_tensors
         loops = loops_for(X)
         G = None if G is not None and G.numel() == 0 else G          # the unstored state's (compiled: zeros)
-        with torch.autocast(X.device.type, enabled=False):
+        with autocast_off(X.device.type):
             G, g_next = (None if g is None else computing(loops, X.dtype, g)[0] for g in (G, g_next))
             if g_next is None:
                 g_next = X.new_zeros(X.shape[:2] + X.shape[3:], dtype=at_least_fp32(X.dtype))
@@ -217,7 +223,7 @@ class FusedDeltaSteps(torch.autograd.Function):
     @staticmethod
     def forward(ctx, X, k_eps: float, *steps):
         loops = loops_for(X)
-        with torch.autocast(X.device.type, enabled=False):
+        with autocast_off(X.device.type):
             X_acc, *inputs = computing(loops, at_least_fp32(X.dtype), X, *steps)
             X_new, w, rho, q = loops.update_steps_forward(X_acc, *_by_kind(inputs), k_eps ** 2)
         ctx.save_for_backward(X_acc, *inputs, rho, q)
@@ -228,7 +234,7 @@ class FusedDeltaSteps(torch.autograd.Function):
     def backward(ctx, G, g_w):
         X, *inputs, rho, q = ctx.saved_tensors
         loops = loops_for(X)
-        with torch.autocast(G.device.type, enabled=False):
+        with autocast_off(G.device.type):
             G, = computing(loops, X.dtype, G)
             g_X, g_h, g_beta, g_v = loops.update_steps_backward(G, g_w, X, *_by_kind(inputs), rho, q)
         grads = [g_X] + [g for s in range(g_h.size(2)) for g in (g_h[:, :, s], g_beta[:, :, s, None], g_v[:, :, s])]
@@ -258,7 +264,7 @@ def _keeping_inputs(name: str, op: str, doc: str) -> type[torch.autograd.Functio
     def forward(ctx, *inputs):
         loops = loops_for(inputs[0])
         ctx.dtypes = [t.dtype for t in inputs]
-        with torch.autocast(inputs[0].device.type, enabled=False):
+        with autocast_off(inputs[0].device.type):
             inputs = computing(loops, at_least_fp32(inputs[0].dtype), *inputs)
             ctx.save_for_backward(*inputs)
             return getattr(loops, f"{op}_forward")(*inputs)
@@ -266,7 +272,7 @@ def _keeping_inputs(name: str, op: str, doc: str) -> type[torch.autograd.Functio
     def backward(ctx, g):
         saved = ctx.saved_tensors
         loops = loops_for(saved[0])
-        with torch.autocast(g.device.type, enabled=False):
+        with autocast_off(g.device.type):
             g, = computing(loops, at_least_fp32(saved[0].dtype), g)
             grads = getattr(loops, f"{op}_backward")(g, *saved)
         return tuple(cast(grad, dtype) for grad, dtype in zip(grads, ctx.dtypes, strict=True))
@@ -308,7 +314,7 @@ class FusedNormProjections(torch.autograd.Function):
         device = x.device.type
         c_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
         loops = loops_for(x)
-        with torch.autocast(device, enabled=False):
+        with autocast_off(device):
             inputs = computing(loops, at_least_fp32(x.dtype), x, weight, W_c, W_x)
             if loops is torch.ops.ddl_triton:
                 c, l_c, l_x, rho = loops.norm_forward(*inputs, eps, c_dtype)
@@ -325,6 +331,6 @@ class FusedNormProjections(torch.autograd.Function):
         shapes = (x.shape, x.shape[:-1] + W_c.shape[:1], x.shape[:-1] + W_x.shape[:1])
         grads = [x.new_zeros(shape) if g is None else computing(loops, x.dtype, g)[0]
                  for g, shape in zip((g_c, g_lc, g_lx), shapes, strict=True)]
-        with torch.autocast(x.device.type, enabled=False):
+        with autocast_off(x.device.type):
             g_x, g_weight, g_Wc, g_Wx = loops.norm_backward(*grads, x, weight, W_c, W_x, rho)
         return *(cast(g, dtype) for g, dtype in zip((g_x, g_weight, g_Wc, g_Wx), ctx.dtypes, strict=True)), None
