@@ -19,7 +19,7 @@ def machine_gpus() -> tuple[list[int], str]:
     if visible is not None:
         entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
         if not all(entry.isdigit() for entry in entries):
-            raise ValueError(f"CUDA_VISIBLE_DEVICES={visible}: the local launcher pins jobs to GPUs by index; "
+            raise ValueError(f"CUDA_VISIBLE_DEVICES={visible!r}: the local launcher pins jobs to GPUs by index; "
                              f"give indices (nvidia-smi -L lists them)")
         return [int(entry) for entry in entries], f"CUDA_VISIBLE_DEVICES={visible}"
     if shutil.which("nvidia-smi") is None:

@@ -29,8 +29,9 @@ from .. import paths
 from ..text import plural
 from ..track.filesystems import warn_if_sqlite_on_network
 from ..train.signals import DeferredSignals
-from . import cluster, data_jobs, gpus, power, status, warm
+from . import cluster, data_jobs, power, status, warm
 from .compose import JobConfigs
+from .gpus import GpuSlots, machine_gpus
 from .configs import ConfigError
 from .plan import Plan, make_plan
 from .spec import Job
@@ -56,7 +57,7 @@ class SweepLauncher(BaseSubmititLauncher):
         self.max_parallel, self.gpu_memory_gib, self.warm_start = max_parallel, gpu_memory_gib, warm_start
         self.local_python: str | None = None     # submitit's local `python`: a warm server's client (ddl.launch.warm)
         self._job_configs: JobConfigs | None = None
-        self._gpu_slots: gpus.GpuSlots | None = None
+        self._gpu_slots: GpuSlots | None = None
 
     # -- planning ---------------------------------------------------------------------------
     def job_configs(self) -> JobConfigs:
@@ -148,7 +149,7 @@ class SweepLauncher(BaseSubmititLauncher):
             return max(1, len(os.sched_getaffinity(0)) // max(1, self.params.get("cpus_per_task") or 1))
         return n_jobs
 
-    def gpu_slots(self) -> gpus.GpuSlots | None:
+    def gpu_slots(self) -> GpuSlots | None:
         """The machine's GPUs in groups of gpus_per_node, for the local launcher's jobs (ddl.launch.gpus); None
         without GPU jobs, or on a cluster. A job asking more GPUs than the machine has is one line."""
         per_job = self.params.get("gpus_per_node") or 0
@@ -156,14 +157,14 @@ class SweepLauncher(BaseSubmititLauncher):
             return None
         if self._gpu_slots is None:
             try:
-                found, source = gpus.machine_gpus()
+                found, source = machine_gpus()
             except ValueError as err:
                 raise ConfigError(str(err)) from None
             if per_job > len(found):
-                has = f"{len(found)} GPU{'' if len(found) == 1 else 's'}" if found else "no GPU"
+                has = plural(len(found), "GPU") if found else "no GPU"
                 raise ConfigError(f"hydra.launcher.gpus_per_node={per_job}: this machine has {has} ({source}); "
                                   f"ask {f'at most {len(found)}, or ' if found else ''}0 to train on CPU")
-            self._gpu_slots = gpus.GpuSlots(found, per_job)
+            self._gpu_slots = GpuSlots(found, per_job)
         return self._gpu_slots
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:

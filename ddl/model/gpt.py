@@ -281,9 +281,7 @@ class GPT(nn.Module):
         for block in self.blocks:
             block.compile(fullgraph=True, backend=backend, mode=mode)
         self.head = torch.compile(self.head, fullgraph=True, backend=backend, mode=mode)
-        # each of a block's graphs (block 0, the middle ones, the last; training, evaluation, the ranks' pass) counts
-        # towards dynamo's recompile limit of its code, and past it fullgraph fails
-        torch_private.raise_recompile_limit(64)
+        torch_private.raise_recompile_limit(64)   # a block's graphs: block 0, the middle, the last; each mode
 
     def delta_residuals(self) -> list[tuple[str, DeltaResidual]]:
         return [(f"L{i:02d}.{part}", getattr(block, f"delta_{part}"))

@@ -172,9 +172,9 @@ class RunConfig:
     def effective_dict(self) -> dict:
         """What changes the numbers: the signature is a hash of this (and the MLflow params are it).
         Not in it: the data fields the source ignores, when the run logs, validates and saves, how a step
-        is launched (compile_mode), a
-        model field added later while it holds the value earlier runs had (LATER_FIELDS), replica 0, and the
-        token budget's c and the warmup's share f (what they change is the steps they set)."""
+        is launched (compile_mode), a model field added later while it holds the value earlier runs had
+        (LATER_FIELDS), replica 0, and the token budget's c and the warmup's share f (what they change is the
+        steps they set)."""
         effective = RunConfig(self.model.effective(), self.data, self.train, self.seed, self.replica).to_dict()
         if not self.replica:
             del effective["replica"]             # replica 0 is the run itself: the signature runs had before it

@@ -142,7 +142,7 @@ class Trainer:
         self.logged = (self.step, time.time())
         self.model.checkpoint_blocks = self.cfg.activation_checkpointing
         if self.cfg.compile:                          # per block, before DDP wraps the model
-            self.model.compile_blocks(mode=None if self.cfg.compile_mode == "default" else self.cfg.compile_mode)
+            self.model.compile_blocks(mode=self.cfg.compile_mode)
         self.ddp = None
         if self.info.world_size > 1:   # gradients in the buckets' memory; buffers (RoPE's tables) never change
             self.ddp = DistributedDataParallel(self.model, gradient_as_bucket_view=True, broadcast_buffers=False,
