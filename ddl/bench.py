@@ -75,7 +75,7 @@ class Arm:
         torch.manual_seed(0)
         self.name = name
         self.model = GPT(ModelConfig(**shape, **ARMS[name])).to(device)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=device.type == "cuda")
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)
         self.x = torch.randint(0, shape["vocab_size"], (batch, seq), device=device)
         self.device = device
         self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")

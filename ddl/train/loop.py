@@ -176,8 +176,8 @@ class Trainer:
         torch.manual_seed(self.run.rng_seed)                                          # same init on every rank
         self.model = GPT(self.run.model).to(self.device)
         groups = optimizer_groups(self.model, self.run.model, cfg.lr, cfg.weight_decay)
-        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr,
-                                           betas=(cfg.beta1, cfg.beta2), fused=self.device.type == "cuda")
+        # fused on CPU too: one kernel over every parameter, not a Python loop over each (DDL has twice the baseline's)
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=True)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_at(s, cfg) / cfg.lr)
 
     # -- checkpoints --------------------------------------------------------------------------

@@ -46,12 +46,12 @@ def on_cuda_path(t: torch.Tensor) -> bool:
 def loops_for(t: torch.Tensor):
     """The implementation of the loops for tensors like t: the C++ one on CPU when built, the Triton
     one on CUDA when triton imports (fp32 and narrower: it accumulates in fp32), else eager.
-    DDL_NATIVE_KERNELS=0 asks for eager everywhere."""
+    DDL_NATIVE_KERNELS=0 asks for eager everywhere. An op decides once, in forward, and keeps it for backward."""
+    if t.device.type == "cpu" and not _emulating_cuda:         # the common case first: each call costs microseconds
+        return torch.ops.ddl_delta if _native() else eager
     if on_cuda_path(t) and t.dtype != torch.float64 and _triton():
         return torch.ops.ddl_triton
-    if _runs_cpp(t):
-        return torch.ops.ddl_delta
-    return eager
+    return torch.ops.ddl_delta if _runs_cpp(t) else eager
 
 
 def computing(loops, acc: torch.dtype, *tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -135,7 +135,7 @@ class FusedDeltaUpdate(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, X, h, beta, v, k_eps: float):
-        loops = loops_for(X)
+        ctx.loops = loops = loops_for(X)
         with autocast_off(X.device.type):
             inputs = computing(loops, at_least_fp32(X.dtype), X, h, beta, v)
             X_new, w, rho, q = loops.update_forward(*inputs, k_eps ** 2)
@@ -151,10 +151,9 @@ class FusedDeltaUpdate(torch.autograd.Function):
 def _update_backward(ctx, G, g_w) -> list[torch.Tensor]:
     """The gradients of an update's X, k~, beta, v (each in its input's dtype) from what the forward saved."""
     X, *_ = saved = ctx.saved_tensors
-    loops = loops_for(X)
     with autocast_off(G.device.type):
-        G, = computing(loops, X.dtype, G)
-        grads = loops.update_backward(G, g_w, *saved)
+        G, = computing(ctx.loops, X.dtype, G)
+        grads = ctx.loops.update_backward(G, g_w, *saved)
     return [cast(g, dtype) for g, dtype in zip(grads, ctx.dtypes, strict=True)]
 
 
@@ -166,7 +165,7 @@ class DeltaKey(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, X, h, beta, v, k_eps: float):
-        loops = loops_for(X)
+        ctx.loops = loops = loops_for(X)
         with autocast_off(X.device.type):
             inputs = computing(loops, at_least_fp32(X.dtype), X, h, beta, v)
             w, rho, q = loops.key_forward(*inputs, k_eps ** 2)
@@ -189,7 +188,7 @@ class DeltaWrite(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, handle, X, h_a, w_a, h, beta, v, A, k_eps: float, store_state: bool):
-        loops = loops_for(X)
+        ctx.loops = loops = loops_for(X)
         acc = at_least_fp32(X.dtype)
         with autocast_off(X.device.type):
             inputs = computing(loops, acc, X, h_a, w_a, h, beta, v, A)
@@ -203,7 +202,7 @@ class DeltaWrite(torch.autograd.Function):
     @staticmethod
     def backward(ctx, G, g_w, g_next):
         X, *_ = saved = ctx.saved_tensors
-        loops = loops_for(X)
+        loops = ctx.loops
         G = None if G is not None and G.numel() == 0 else G          # the unstored state's (compiled: zeros)
         with autocast_off(X.device.type):
             G, g_next = (None if g is None else computing(loops, X.dtype, g)[0] for g in (G, g_next))
@@ -222,7 +221,7 @@ class FusedDeltaSteps(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, X, k_eps: float, *steps):
-        loops = loops_for(X)
+        ctx.loops = loops = loops_for(X)
         with autocast_off(X.device.type):
             X_acc, *inputs = computing(loops, at_least_fp32(X.dtype), X, *steps)
             X_new, w, rho, q = loops.update_steps_forward(X_acc, *_by_kind(inputs), k_eps ** 2)
@@ -233,7 +232,7 @@ class FusedDeltaSteps(torch.autograd.Function):
     @staticmethod
     def backward(ctx, G, g_w):
         X, *inputs, rho, q = ctx.saved_tensors
-        loops = loops_for(X)
+        loops = ctx.loops
         with autocast_off(G.device.type):
             G, = computing(loops, X.dtype, G)
             g_X, g_h, g_beta, g_v = loops.update_steps_backward(G, g_w, X, *_by_kind(inputs), rho, q)
@@ -262,7 +261,7 @@ def _keeping_inputs(name: str, op: str, doc: str) -> type[torch.autograd.Functio
     <op>_backward(g, *inputs): what the three ops that need nothing else for backward share. Their outputs and
     gradients are in the computing dtype (at least fp32, whatever the inputs')."""
     def forward(ctx, *inputs):
-        loops = loops_for(inputs[0])
+        ctx.loops = loops = loops_for(inputs[0])
         ctx.dtypes = [t.dtype for t in inputs]
         with autocast_off(inputs[0].device.type):
             inputs = computing(loops, at_least_fp32(inputs[0].dtype), *inputs)
@@ -271,10 +270,9 @@ def _keeping_inputs(name: str, op: str, doc: str) -> type[torch.autograd.Functio
 
     def backward(ctx, g):
         saved = ctx.saved_tensors
-        loops = loops_for(saved[0])
         with autocast_off(g.device.type):
-            g, = computing(loops, at_least_fp32(saved[0].dtype), g)
-            grads = getattr(loops, f"{op}_backward")(g, *saved)
+            g, = computing(ctx.loops, at_least_fp32(saved[0].dtype), g)
+            grads = getattr(ctx.loops, f"{op}_backward")(g, *saved)
         return tuple(cast(grad, dtype) for grad, dtype in zip(grads, ctx.dtypes, strict=True))
 
     return type(name, (torch.autograd.Function,),
@@ -313,7 +311,7 @@ class FusedNormProjections(torch.autograd.Function):
     def forward(ctx, x, weight, W_c, W_x, eps: float):
         device = x.device.type
         c_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-        loops = loops_for(x)
+        ctx.loops = loops = loops_for(x)
         with autocast_off(device):
             inputs = computing(loops, at_least_fp32(x.dtype), x, weight, W_c, W_x)
             if loops is torch.ops.ddl_triton:
@@ -327,7 +325,7 @@ class FusedNormProjections(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_c, g_lc, g_lx):
         x, weight, W_c, W_x, rho = ctx.saved_tensors
-        loops = loops_for(x)
+        loops = ctx.loops
         shapes = (x.shape, x.shape[:-1] + W_c.shape[:1], x.shape[:-1] + W_x.shape[:1])
         grads = [x.new_zeros(shape) if g is None else computing(loops, x.dtype, g)[0]
                  for g, shape in zip((g_c, g_lc, g_lx), shapes, strict=True)]
