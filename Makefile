@@ -71,7 +71,7 @@ coord: install
 	$(BIN)/python -m ddl.coord
 
 # On a machine with a CUDA GPU (nvidia-smi): its own python and torch, nothing installed but omegaconf (the
-# resume part's ddl.train reads keys with it); parts in GPU_CHECK (default step,resume); reports/gpu-check/.
+# resume part's ddl.train reads keys with it); parts in GPU_CHECK (default train,step,resume); reports/gpu-check/.
 # Without one: one line, exit 0. ddl/gpu_check.py says what each part measures.
 GPU_PYTHON ?= python3
 GPU_CHECK  ?=

@@ -122,17 +122,25 @@ def gpu_hours(model, n_params: int, tokens: int, gpu: str = "H100") -> float:
     return gpu_seconds_per_token(model, n_params, gpu) * tokens / 3600
 
 
-def memory_per_gpu(model, n_params: int, tokens_per_micro_batch: int, checkpointing: bool = False) -> float:
+def memory_per_gpu(model, n_params: int, tokens_per_micro_batch: int, checkpointing: bool = False,
+                   graphs: bool = False) -> float:
     """Bytes one GPU holds at a step's peak: the parameters' state, and the activations saved for backward over a
-    micro-batch times the recorded peak ratio. Checkpointing per block keeps each block's input (the state, in bf16
-    with d_v > 1) and one block's activations at a time."""
+    micro-batch times the recorded peak ratio: under CUDA graphs (graphs, train.compile_mode=reduce-overhead) the one
+    measured in training runs with graphs, whose memory pool outlives each step, where gpu-check recorded one."""
+    figures = recorded()["gpu"]
+    ratio = figures.get("graphs_peak_over_saved") if graphs else None
+    saved = saved_bytes_per_token(model, checkpointing) * tokens_per_micro_batch
+    return BYTES_PER_PARAM * n_params + (ratio or figures["peak_over_saved"]) * saved
+
+
+def saved_bytes_per_token(model, checkpointing: bool = False) -> float:
+    """The activations autograd saves a token (ddl.traffic's table). Checkpointing per block keeps each block's input
+    (the state, in bf16 with d_v > 1) and one block's activations at a time."""
     table = traffic_table()
     _, arm = traffic(model)
     per_layer = table["baseline_saved_per_layer_feature"] + arm["extra_saved"]        # bytes / token / feature
     vocab = table["baseline_saved_per_vocab"] * model.vocab_size
     if checkpointing:
         state = 2 * model.dv if model.residual == "ddl" and model.dv > 1 else 4
-        saved = (model.n_layer * state + per_layer) * model.d_model + vocab
-    else:
-        saved = per_layer * model.n_layer * model.d_model + vocab
-    return BYTES_PER_PARAM * n_params + recorded()["gpu"]["peak_over_saved"] * saved * tokens_per_micro_batch
+        return (model.n_layer * state + per_layer) * model.d_model + vocab
+    return per_layer * model.n_layer * model.d_model + vocab

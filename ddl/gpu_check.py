@@ -1,6 +1,10 @@
 """`make gpu-check`: what a CPU cannot show, measured on a CUDA GPU in minutes.
 
-Parts (--parts, comma-separated; default `step,resume`):
+Parts (--parts, comma-separated; default `train,step,resume`):
+- train: each arm (--arms) as a training run (`python -m ddl.train`, embedded corpus, 16 x 1024 tokens a step,
+  compiled per block with CUDA graphs: train.compile_mode=reduce-overhead; on the CPU, eager), one after another:
+  tokens/s as the run logs it, the median over its logged intervals after the first two (compiling, recording the
+  graphs); each arm's step over the baseline's, MFU and the peak GPU memory the run logged (train/gpu_peak_gib).
 - step: the paper's small size in bf16, the arms (--arms; default baseline, DDL d_v=1 and d_v=4), each compiled
   per block (GPT.compile_blocks; --compile-mode reduce-overhead: with CUDA graphs; --compile-backend aot_eager:
   dynamo and AOTAutograd without inductor's code, to tell their failures apart): seconds to the first step, the
@@ -31,6 +35,7 @@ import math
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,9 +47,11 @@ from . import paths
 CHECKOUT = Path(__file__).resolve().parents[1]
 DEVICE_TESTS = ["tests/test_triton_kernels.py", "tests/test_model_bf16_compile.py"]
 ARMS = ("baseline", "ddl_dv1", "ddl_dv4")                # the step and profile parts' default arms (--arms)
-PARTS = ("step", "resume", "tests", "profile", "kernels")
-DEFAULT_PARTS = ("step", "resume")
+PARTS = ("train", "step", "resume", "tests", "profile", "kernels")
+DEFAULT_PARTS = ("train", "step", "resume")
 TARGETS = {"ddl_dv1": 1.05, "ddl_dv4": 1.10}          # compiled step ratio to the baseline, small, bf16
+TRAIN_TARGETS, TRAIN_MFU_TARGET = {"ddl_dv1": 1.05, "ddl_dv4": 1.25}, 0.35   # a training run's, under CUDA graphs
+TRAIN_STEPS, TRAIN_LOG_EVERY = 60, 5                  # the train part's runs; tokens/s is logged every 5 steps
 MFU_TARGET, WALL_TARGET_S = 0.40, 480
 BATCH, SEQ = 16, 1024                                 # 16 x 1024 tokens a step, as the bench
 WARMUP, TIMED, ROUND = 5, 20, 5                       # steps per arm: warm-up, timed, timed per round
@@ -115,28 +122,81 @@ def targets(rows: dict) -> dict:
     return judged
 
 
-def train_command(home: Path, size: str, device: str) -> tuple[list[str], dict]:
-    """`python -m ddl.train` for the resume part: DDL d_v=4 at `size`, RESUME_STEPS steps, a checkpoint every
-    RESUME_CKPT, compiled per block on CUDA; and its environment (DDL_HOME=home)."""
+def train_command(home: Path, size: str, device: str, arm: str = "ddl_dv4", steps: int = RESUME_STEPS,
+                  log_every: int = 10, compile_mode: str = "default") -> tuple[list[str], dict]:
+    """`python -m ddl.train` for an arm of ddl.bench at `size` (the resume part's: DDL d_v=4), `steps` steps, a
+    checkpoint every RESUME_CKPT, compiled per block in `compile_mode` on CUDA; and its environment (DDL_HOME=home)."""
+    from .bench import ARMS
     tokens = (BATCH, SEQ) if device == "cuda" else (2, 64)
-    cmd = [sys.executable, "-m", "ddl.train", f"model.size={size}", "model.residual=ddl", "model.dv=4",
-           "data.source=embedded", f"train.steps={RESUME_STEPS}", f"train.micro_batch={tokens[0]}",
+    on_cuda = device == "cuda"
+    cmd = [sys.executable, "-m", "ddl.train", f"model.size={size}",
+           *(f"model.{key}={value}" for key, value in ARMS[arm].items()),
+           "data.source=embedded", f"train.steps={steps}", f"train.micro_batch={tokens[0]}",
            f"train.seq_len={tokens[1]}", f"train.batch_tokens={tokens[0] * tokens[1]}", "train.warmup_steps=20",
-           "train.log_every=10", f"train.eval_every={RESUME_STEPS}", f"train.eval_tokens={4 * tokens[0] * tokens[1]}",
+           f"train.log_every={log_every}", f"train.eval_every={steps}",
+           f"train.eval_tokens={4 * tokens[0] * tokens[1]}",
            f"train.ckpt_every={RESUME_CKPT}", f"train.device={device}", "train.lr=1e-3",
-           f"train.compile={str(device == 'cuda').lower()}"]
+           f"train.compile={str(on_cuda).lower()}", f"train.compile_mode={compile_mode if on_cuda else 'default'}"]
     return cmd, {**os.environ, "DDL_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+
+
+def logged(home: Path, key: str) -> list[tuple[int, float]]:
+    """(step, value of `key`) of every line of the run's metrics.jsonl that has it, in the order logged."""
+    [metrics] = home.glob("runs/*/metrics.jsonl")
+    rows = (json.loads(line) for line in metrics.read_text().splitlines())
+    return [(row["step"], row[key]) for row in rows if key in row]
+
+
+def train_part(check: Check, out: Path, size: str, device: str, arms: list[str]) -> dict:
+    """Each arm as a training run under CUDA graphs (the module docstring says what is read), the baseline first;
+    the rows are recorded after each run, so a check cut short keeps the runs it finished."""
+    from .bench import ARMS
+    from .costs import BF16_PEAK_FLOPS, training_flops
+    from .data import DataConfig
+    from .model import model_config, param_count
+    name = check.summary["machine"]["device"]
+    peak = next((flops for key, flops in BF16_PEAK_FLOPS.items() if key in name), None) if device == "cuda" else None
+    rows: dict = {}
+    for arm in arms:
+        with tempfile.TemporaryDirectory() as scratch:
+            cmd, env = train_command(Path(scratch), size, device, arm, TRAIN_STEPS, TRAIN_LOG_EVERY, "reduce-overhead")
+            with open(out / f"train-{arm}.log", "w") as log:
+                code = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+            if code:
+                rows[arm] = {"error": f"the run exited {code} (train-{arm}.log)"}
+                check.record("train", {"rows": rows})
+                continue
+            rates = [rate for _, rate in logged(Path(scratch), "train/tokens_per_s")[2:]]
+            memory = [gib for _, gib in logged(Path(scratch), "train/gpu_peak_gib")]
+        tokens_per_s = statistics.median(rates)
+        vocab = DataConfig(source="embedded").model_vocab_size()
+        params = param_count(model_config(size, vocab_size=vocab, **ARMS[arm]))
+        rows[arm] = {"tokens_per_s": tokens_per_s, "intervals": len(rates), "params": params,
+                     "mfu": training_flops(params, tokens_per_s) / peak if peak else None,
+                     "peak_gib": max(memory) if memory else None}
+        if "tokens_per_s" in rows.get(arms[0], {}):
+            rows[arm]["time_ratio"] = rows[arms[0]]["tokens_per_s"] / tokens_per_s
+        check.record("train", {"rows": rows})
+    return {"compile_mode": "reduce-overhead" if device == "cuda" else "eager", "rows": rows,
+            "targets": train_targets(rows)}
+
+
+def train_targets(rows: dict) -> dict:
+    """The issue's targets for a training run under CUDA graphs, from the train part's rows."""
+    judged = {}
+    for arm, bound in TRAIN_TARGETS.items():
+        if "time_ratio" in rows.get(arm, {}):
+            ratio = rows[arm]["time_ratio"]
+            judged[f"{arm} step / baseline"] = {"value": ratio, "target": f"<= {bound:.2f}", "met": ratio <= bound}
+    mfu = rows.get("baseline", {}).get("mfu")
+    judged["baseline MFU"] = {"value": mfu, "target": f">= {TRAIN_MFU_TARGET:.0%}",
+                              "met": mfu is not None and mfu >= TRAIN_MFU_TARGET}
+    return judged
 
 
 def logged_losses(home: Path) -> list[tuple[int, float]]:
     """(step, train/loss) of every line of the run's metrics.jsonl, in the order logged."""
-    [metrics] = home.glob("runs/*/metrics.jsonl")
-    points = []
-    for line in metrics.read_text().splitlines():
-        row = json.loads(line)
-        if "train/loss" in row:
-            points.append((row["step"], row["train/loss"]))
-    return points
+    return logged(home, "train/loss")
 
 
 def resume_part(out: Path, size: str, device: str) -> dict:
@@ -353,6 +413,7 @@ def markdown(summary: dict) -> str:
     machine = summary["machine"]
     lines = [f"# gpu-check ({machine['device']}, torch {machine['torch']}, triton {machine['triton']})", "",
              f"Parts: {', '.join(summary['parts'])}; {summary.get('seconds', 0):.0f} s so far.", ""]
+    lines += _train_lines(summary.get("train", {}), machine.get("size", "small"))
     step = summary.get("step", {})
     if "rows" in step:
         graphs = ", CUDA graphs (reduce-overhead)" if step.get("compile_mode") == "reduce-overhead" else ""
@@ -400,6 +461,32 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _train_lines(train: dict, size: str) -> list[str]:
+    """The train part's table (and its targets, once every run is in)."""
+    if "rows" not in train:
+        return []
+    graphs = "compiled per block, CUDA graphs" if train.get("compile_mode", "reduce-overhead") != "eager" else "eager"
+    lines = [f"## Training runs: {size}, {graphs}, {TRAIN_STEPS} steps each", "",
+             "| arm | tokens/s | x baseline | MFU | peak GiB |", "|---|---|---|---|---|"]
+    for arm, row in train["rows"].items():
+        if "error" in row:
+            lines.append(f"| {arm} | {row['error']} | | | |")
+            continue
+        cells = [f"{row['tokens_per_s']:,.0f}", _figure(row.get("time_ratio"), "{:.3f}"),
+                 _figure(row["mfu"], "{:.1%}"), _figure(row["peak_gib"], "{:.1f}")]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    if "targets" in train:
+        lines += ["", "| target | value | bound | |", "|---|---|---|---|"]
+        for name, t in train["targets"].items():
+            value = _figure(t["value"], "{:.1%}" if "MFU" in name else "{:.3f}")
+            lines.append(f"| {name} | {value} | {t['target']} | {'met' if t['met'] else 'MISSED'} |")
+    return lines + [""]
+
+
+def _figure(value: float | None, form: str) -> str:
+    return "-" if value is None else form.format(value)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ddl.gpu_check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -435,15 +522,35 @@ def _checked_arguments(parser: argparse.ArgumentParser, argv) -> argparse.Namesp
     return args
 
 
+def graphs_peak_over_saved(rows: dict, size: str) -> float:
+    """The train part's peak memory under CUDA graphs over the activations a step saves (its parameters' state
+    apart), the largest over the arms: the ratio the dry run's GiB/GPU takes for jobs under graphs."""
+    from .bench import ARMS
+    from .costs import BYTES_PER_PARAM, saved_bytes_per_token
+    from .data import DataConfig
+    from .model import model_config
+    vocab = DataConfig(source="embedded").model_vocab_size()
+    return max((row["peak_gib"] * 2 ** 30 - BYTES_PER_PARAM * row["params"])
+               / (saved_bytes_per_token(model_config(size, vocab_size=vocab, **ARMS[arm])) * BATCH * SEQ)
+               for arm, row in rows.items())
+
+
 def _record(summary: dict, card: str) -> None:
-    """The measured figures the dry run prices from (ddl.costs.record): the step part's baseline MFU and arms' step
-    ratios, the kernels part's copy rate."""
+    """The measured figures the dry run prices from (ddl.costs.record): the baseline MFU and arms' step ratios of the
+    train part where every run finished, else the step part's; the kernels part's copy rate."""
     from .bench import record_step_ratios
     from .costs import record
+    from .model import SIZES, ModelConfig
     if "step" in summary:
         step = summary["step"]
         record_step_ratios("gpu", {"card": card, "baseline_mfu": step["rows"]["baseline"]["mfu"]}, step["rows"],
                            {k: v for k, v in step["shape"].items() if k not in ("batch", "seq_len")})
+    train = summary.get("train", {}).get("rows", {})
+    if train and all("time_ratio" in row for row in train.values()):   # a training run's figures over the harness's
+        size = summary["machine"]["size"]
+        record_step_ratios("gpu", {"card": card, "baseline_mfu": train["baseline"]["mfu"],
+                                   "graphs_peak_over_saved": graphs_peak_over_saved(train, size)}, train,
+                           {**SIZES[size], "vocab_size": ModelConfig.vocab_size})
     if "kernels" in summary:
         record("gpu", {"copy_bytes_per_s": summary["kernels"]["copy_GB_per_s"] * 1e9})
 
@@ -467,7 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()
     check = Check(out, {"device": name, "torch": torch.__version__, "triton": triton_version,
                         "python": platform.python_version(), "size": size}, parts)
-    run_part = {"step": lambda: step_part(check, device, size, arms, args.compile_mode, args.compile_backend),
+    run_part = {"train": lambda: train_part(check, out, size, args.device, arms),
+                "step": lambda: step_part(check, device, size, arms, args.compile_mode, args.compile_backend),
                 "resume": lambda: resume_part(out, size, args.device), "tests": lambda: tests_part(out),
                 "kernels": lambda: kernels_part(device, size, args.compile_backend),
                 "profile": lambda: profile_part(out, device, size, arms)}
@@ -478,7 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     check.summary["done"] = True
     check.record("done", True)
     print((out / "summary.md").read_text())
-    failed = (not all(t["met"] for t in check.summary.get("step", {}).get("targets", {}).values())
+    judged = [t["met"] for part in ("train", "step") for t in check.summary.get(part, {}).get("targets", {}).values()]
+    failed = (not all(judged) or any("error" in row for row in check.summary.get("train", {}).get("rows", {}).values())
               or not check.summary.get("resume", {"ok": True})["ok"] or check.summary.get("tests", {}).get("exit_code"))
     return 1 if failed else 0
 

@@ -24,7 +24,7 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_0(tmp_path):
 
 
 @pytest.mark.parametrize("argument, value, message", [
-    ("--parts", "step,bogus", "--parts: 'bogus' unknown; allowed: step, resume, tests, profile, kernels"),
+    ("--parts", "step,bogus", "--parts: 'bogus' unknown; allowed: train, step, resume, tests, profile, kernels"),
     ("--arms", "baseline,ddl_dv9", "--arms: 'ddl_dv9' unknown; allowed: baseline, ddl_dv1, "),
     ("--arms", "baseline,,ddl_dv1", "--arms: '' unknown; allowed: baseline, ddl_dv1, "),
     ("--arms", "baseline,ddl_dv1\nrm", "--arms: 'ddl_dv1\\nrm' unknown; allowed: "),
@@ -70,18 +70,39 @@ def test_the_targets_are_judged_from_the_step_rows():
     assert "| baseline MFU | 41.0% | >= 40% | met |" in text
 
 
+def test_a_training_runs_targets_are_judged_and_a_failed_run_is_shown():
+    rows = {"baseline": {"tokens_per_s": 1e6, "intervals": 10, "params": 1, "mfu": 0.36, "peak_gib": 20.0,
+                         "time_ratio": 1.0},
+            "ddl_dv1": {"tokens_per_s": 9.6e5, "intervals": 10, "params": 1, "mfu": 0.35, "peak_gib": 21.0,
+                        "time_ratio": 1.0417},
+            "ddl_dv4": {"error": "the run exited 1 (train-ddl_dv4.log)"}}
+    judged = gpu_check.train_targets(rows)
+    assert {name: t["met"] for name, t in judged.items()} == {"ddl_dv1 step / baseline": True, "baseline MFU": True}
+    text = gpu_check.markdown({"machine": {"device": "GPU", "torch": "t", "triton": "3", "size": "small"},
+                               "parts": ["train"], "train": {"compile_mode": "reduce-overhead", "rows": rows,
+                                                             "targets": judged}})
+    assert "## Training runs: small, compiled per block, CUDA graphs, 60 steps each" in text
+    assert "| ddl_dv1 | 960,000 | 1.042 | 35.0% | 21.0 |" in text
+    assert "| ddl_dv4 | the run exited 1 (train-ddl_dv4.log) | | | |" in text
+    assert "| baseline MFU | 36.0% | >= 35% | met |" in text
+
+
 @pytest.mark.slow
 def test_its_parts_run_on_the_cpu_and_write_their_figures(tmp_path):
-    """The step part (compiled per block in the mode that takes CUDA graphs on a GPU, the gradients checked against
-    eager) and the resume part (a run killed with SIGKILL and resumed) at the micro size on the CPU: the same code a
+    """The train part (a training run per arm), the step part (compiled per block in the mode that takes CUDA graphs
+    on a GPU, the gradients checked against eager) and the resume part (a run killed with SIGKILL and resumed) at the micro size on the CPU: the same code a
     GPU runs at small. The blocks are compiled by aot_eager: dynamo's graphs, forward and backward, without inductor's
     C++ for the CPU (~40 kernels, ~35 s of g++ on a cold cache), which a GPU never runs; inductor's numbers on the
     fused ops are test_model_bf16_compile's."""
     out = tmp_path / "out"
-    done = subprocess.run([*python_module("ddl.gpu_check"), "--device", "cpu", "--parts", "step,resume",
+    done = subprocess.run([*python_module("ddl.gpu_check"), "--device", "cpu", "--parts", "train,step,resume",
                            "--compile-mode", "reduce-overhead", "--compile-backend", "aot_eager", "--out", str(out)],
                           capture_output=True, text=True, timeout=900)
     summary = json.loads((out / "summary.json").read_text())
+    train = summary["train"]                                                      # a training run per arm, eager here
+    assert list(train["rows"]) == ["baseline", "ddl_dv1", "ddl_dv4"] and train["compile_mode"] == "eager"
+    assert all(row["tokens_per_s"] > 0 and row["intervals"] >= 5 for row in train["rows"].values()), train
+    assert train["rows"]["baseline"]["time_ratio"] == 1.0 and train["rows"]["ddl_dv4"]["time_ratio"] > 0
     step = summary["step"]
     rows = step["rows"]
     assert list(rows) == ["baseline", "ddl_dv1", "ddl_dv4"]

@@ -25,6 +25,28 @@ def test_the_dry_run_prices_a_delta_arm_above_the_baseline_and_d_v_4_above_d_v_1
     assert checkpointed < memory[4] / 2
 
 
+def test_memory_under_cuda_graphs_takes_the_ratio_training_runs_with_graphs_measured(tmp_path, monkeypatch):
+    """Until gpu-check's train part records the peak over saved activations under graphs, a job under graphs is
+    priced as without and the plan says so; once it has, that ratio."""
+    model, n, tokens = small(residual="ddl", dv=4), param_count(small()), 24 * 1024
+    assert "graphs_peak_over_saved" not in costs.recorded()["gpu"]
+    assert costs.memory_per_gpu(model, n, tokens, graphs=True) == costs.memory_per_gpu(model, n, tokens)
+    plan = run_cli("ddl-run", "-m", "+sweep=paper_small", "hydra/launcher=slurm", "train.compile=true",
+                   "train.compile_mode=reduce-overhead", "--dry-run")
+    assert plan.returncode == 0 and "the graphs' memory pool is not measured yet" in plan.stdout, plan.stderr[-2000:]
+    figures = tmp_path / "recorded_costs.json"
+    figures.write_text(costs.RECORDED_COSTS.read_text())
+    costs.record("gpu", {"graphs_peak_over_saved": 2 * costs.recorded()["gpu"]["peak_over_saved"]}, figures)
+    monkeypatch.setattr(costs, "RECORDED_COSTS", figures)
+    costs.recorded.cache_clear()
+    try:
+        saved = costs.memory_per_gpu(model, n, tokens) - 16 * n
+        assert costs.memory_per_gpu(model, n, tokens, graphs=True) - 16 * n == pytest.approx(2 * saved)
+    finally:
+        monkeypatch.undo()
+        costs.recorded.cache_clear()
+
+
 def test_every_variant_the_sweeps_name_is_priced_from_its_own_counted_traffic():
     arms = costs.traffic_table()["arms"]
     for name, arm in traffic.TABLE_ARMS.items():

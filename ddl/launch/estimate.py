@@ -54,6 +54,7 @@ class Cost:
     gpu_hours: float                   # on an H100
     gpu_memory: float                  # bytes per GPU at a step's peak
     cpu_seconds: float | None = None   # jobs that train on CPU: core-seconds
+    graphs: bool = False               # trains under CUDA graphs (train.compile_mode=reduce-overhead)
 
 
 def _arm(model) -> str:
@@ -65,10 +66,11 @@ def job_cost(job, gpus: int) -> Cost:
     run = job.run
     n_params, tokens = param_count(run.model), run.train.steps * run.train.batch_tokens
     on_gpu = gpu_hours(run.model, n_params, tokens)
+    graphs = run.train.compile and run.train.compile_mode == "reduce-overhead"
     memory = memory_per_gpu(run.model, n_params, run.train.micro_batch * run.train.seq_len,
-                            run.train.activation_checkpointing)
+                            run.train.activation_checkpointing, graphs)
     if gpus and run.train.device != "cpu":
-        return Cost(n_params, tokens, on_gpu, memory)
+        return Cost(n_params, tokens, on_gpu, memory, graphs=graphs)
     validations = run.train.steps // run.train.eval_every + 1
     flops = training_flops(n_params, tokens) + training_flops(n_params, validations * run.train.eval_tokens) / 3
     seconds = flops / CPU_TRAIN_FLOPS * CPU_ARM_FACTOR[_arm(run.model)]   # a forward pass is a third of a step

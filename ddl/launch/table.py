@@ -110,6 +110,18 @@ def _minutes(seconds: float) -> str:
     return f"{minutes:,.0f}" if minutes >= 10 else f"{minutes:.2g}"
 
 
+def _graphs_memory(costs, figures: dict) -> str:
+    """What GiB/GPU counts for jobs under CUDA graphs: the pool measured in training runs with graphs, or that none
+    was."""
+    if not any(c.graphs and c.cpu_seconds is None for c in costs):
+        return ""
+    ratio = figures.get("graphs_peak_over_saved")
+    if ratio is None:
+        return ("; under CUDA graphs (train.compile_mode=reduce-overhead) the graphs' memory pool is not measured yet "
+                "(make gpu-check's train part): priced as without")
+    return f"; under CUDA graphs, {ratio:.2f}x them, as training runs with graphs measured (their pool included)"
+
+
 def _cost_caption(costs, to_run: list[bool], slots: int, threads: int) -> str:
     """What the cost columns assume, and the totals of the jobs to run: GPU-hours where jobs get GPUs,
     core-minutes (and the wall time on the launcher's slots) where they train on CPU."""
@@ -123,7 +135,7 @@ def _cost_caption(costs, to_run: list[bool], slots: int, threads: int) -> str:
                        f"d_v=1 and d_v=4 ({', '.join(f'{r:.2f}' for r in g['step_ratios'].values())}), other "
                        f"variants adding the memory traffic they move beyond those (ddl.traffic, counted) at "
                        f"{g['copy_bytes_per_s'] / 1e12:.1f} TB/s; to run: {sum(gpu):.3g} GPU-h. GiB/GPU: weights "
-                       f"and AdamW state, and the activations a micro-batch saves.")
+                       f"and AdamW state, and the activations a micro-batch saves{_graphs_memory(costs, g)}.")
     if any(c.cpu_seconds is not None for c in costs):
         wall = wall_seconds(cpu, slots, threads) if cpu else 0.0
         caption.append(f"† training on CPU: 6·N·tokens FLOPs at {CPU_TRAIN_FLOPS / 1e9:.2g} GFLOP/s per core, "

@@ -300,6 +300,8 @@ class Trainer:
             self.logged = (self.step, now)
             metrics.update({key: float(value) for key, value in step_metrics.items()}, **self.model.beta_stats())
             metrics["train/tokens_per_s"] = tokens_per_s
+            if self.device.type == "cuda":                 # CUDA graphs' pools included
+                metrics["train/gpu_peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
         if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
             metrics.update(self.validate())
         return metrics
