@@ -5,7 +5,7 @@ round by round to cancel drift (thermal, other load). Writes reports/bench/bench
 
     python -m ddl.bench [--rounds 7] [--steps 3] [--quick] [--arms baseline,ddl_dv4,...] [--orchestrator] [--out DIR]
     python -m ddl.bench --traffic [--arms ...] [--size small] [--out DIR]
-    python -m ddl.bench --dispatch [--rounds 7] [--steps 3] [--out DIR]
+    python -m ddl.bench --dispatch [--rounds 25] [--steps 3] [--out DIR]
 
 Memory on CPU is the activation memory autograd holds for backward (unique storages saved,
 parameters excluded: what grows with d_v); on CUDA, torch.cuda.max_memory_allocated over a step.
@@ -152,6 +152,7 @@ class Arm:
 # step's time is its dispatch (Python, autograd, the op calls); the ratios to the baseline's, eager and compiled.
 DISPATCH_SHAPE = dict(n_layer=12, n_head=2, d_model=32, max_seq_len=16, vocab_size=256)
 DISPATCH_BATCH, DISPATCH_SEQ = 1, 16
+DISPATCH_ROUNDS = 25
 DISPATCH_TARGETS = {"eager": {"ddl_dv1": 1.3, "ddl_dv4": 1.5}, "compiled": {"ddl_dv1": 1.2, "ddl_dv4": 1.3}}
 
 
@@ -498,7 +499,9 @@ def markdown(result: dict) -> str:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ddl.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=None,
+                        help=f"rounds of the arms in turn (default 7; --dispatch {DISPATCH_ROUNDS}: its steps take "
+                             f"milliseconds, and a VM's noise swings fewer rounds' ratios by a tenth)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--quick", action="store_true",
                         help="fewer rounds on fewer tokens, fewer logging calls: a smoke check of the bench")
@@ -522,6 +525,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _rounds(args: argparse.Namespace, default: int) -> int:
+    return default if args.rounds is None else args.rounds
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -531,8 +538,8 @@ def main(argv: list[str] | None = None) -> int:
         return _write(out, "orchestrator", result, "\n".join(
             [f"# ddl bench: the orchestrator ({cpu_name()})", "", *orchestrator_table(result["orchestrator"]), ""]))
     if args.dispatch:
-        result = {"machine": cpu_name(), "dispatch": dispatch_costs(*((2, 2) if args.quick else (args.rounds,
-                                                                                                   args.steps)))}
+        rounds = (2, 2) if args.quick else (_rounds(args, DISPATCH_ROUNDS), args.steps)
+        result = {"machine": cpu_name(), "dispatch": dispatch_costs(*rounds)}
         return _write(out, "dispatch", result, dispatch_markdown(result))
     names = ["baseline", *(name for name in args.arms.split(",") if name != "baseline")]
     if error := arms_error(names):
@@ -565,7 +572,7 @@ def _model_figures(args, names: list[str]) -> dict:
     and not), and the logging cost."""
     # --quick, a smoke check of the bench itself: 2 rounds of 1 step on a quarter of the tokens, 60 logging calls
     rounds, steps, batch, seq, logging_calls = \
-        (2, 1, 4, 128, 60) if args.quick else (args.rounds, args.steps, 8, 256, 300)
+        (2, 1, 4, 128, 60) if args.quick else (_rounds(args, 7), args.steps, 8, 256, 300)
     reuses_memory = keep_freed_memory()               # as train() does: no page faults for reused activations
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
