@@ -90,10 +90,10 @@ def test_a_training_runs_targets_are_judged_and_a_failed_run_is_shown():
 @pytest.mark.slow
 def test_its_parts_run_on_the_cpu_and_write_their_figures(tmp_path):
     """The train part (a training run per arm), the step part (compiled per block in the mode that takes CUDA graphs
-    on a GPU, the gradients checked against eager) and the resume part (a run killed with SIGKILL and resumed) at the micro size on the CPU: the same code a
-    GPU runs at small. The blocks are compiled by aot_eager: dynamo's graphs, forward and backward, without inductor's
-    C++ for the CPU (~40 kernels, ~35 s of g++ on a cold cache), which a GPU never runs; inductor's numbers on the
-    fused ops are test_model_bf16_compile's."""
+    on a GPU, the gradients checked against eager) and the resume part (a run killed with SIGKILL and resumed) at the
+    micro size on the CPU: the same code a GPU runs at small. The blocks are compiled by aot_eager: dynamo's graphs,
+    forward and backward, without inductor's C++ for the CPU (~40 kernels, ~35 s of g++ on a cold cache), which a GPU
+    never runs; inductor's numbers on the fused ops are test_model_bf16_compile's."""
     out = tmp_path / "out"
     done = subprocess.run([*python_module("ddl.gpu_check"), "--device", "cpu", "--parts", "train,step,resume",
                            "--compile-mode", "reduce-overhead", "--compile-backend", "aot_eager", "--out", str(out)],
