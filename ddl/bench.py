@@ -43,6 +43,7 @@ ARMS = {"baseline": dict(residual="baseline"), **DDL_ARMS,
         **{f"{name}_compiled": dict(arm, kernels="compiled") for name, arm in DDL_ARMS.items()},
         "ddl_dv1_nh2": dict(residual="ddl", dv=1, n_h=2), "ddl_dv4_nh2": dict(residual="ddl", dv=4, n_h=2)}
 CPU_SHAPE = dict(n_layer=4, n_head=4, d_model=256, max_seq_len=256, vocab_size=256)
+MODEL_ROUNDS = 7                                      # the model arms' rounds (--rounds)
 TARGETS = {"ddl_dv1": 1.05, "ddl_dv4": 1.25, "ddl_dv4_nh2": 1.25}
 MEMORY_TARGET = 1.5
 # Start-up, in seconds on a quiet 2-core machine: `ddl-run --help`, the dry run of the paper's small sweep, and
@@ -500,8 +501,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ddl.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=None,
-                        help=f"rounds of the arms in turn (default 7; --dispatch {DISPATCH_ROUNDS}: its steps take "
-                             f"milliseconds, and a VM's noise swings fewer rounds' ratios by a tenth)")
+                        help=f"rounds of the arms in turn (default {MODEL_ROUNDS}; --dispatch {DISPATCH_ROUNDS}: its "
+                             f"steps take milliseconds, and a VM's noise swings fewer rounds' ratios by a tenth)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--quick", action="store_true",
                         help="fewer rounds on fewer tokens, fewer logging calls: a smoke check of the bench")
@@ -572,7 +573,7 @@ def _model_figures(args, names: list[str]) -> dict:
     and not), and the logging cost."""
     # --quick, a smoke check of the bench itself: 2 rounds of 1 step on a quarter of the tokens, 60 logging calls
     rounds, steps, batch, seq, logging_calls = \
-        (2, 1, 4, 128, 60) if args.quick else (_rounds(args, 7), args.steps, 8, 256, 300)
+        (2, 1, 4, 128, 60) if args.quick else (_rounds(args, MODEL_ROUNDS), args.steps, 8, 256, 300)
     reuses_memory = keep_freed_memory()               # as train() does: no page faults for reused activations
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")

@@ -100,17 +100,23 @@ def step_part(check: Check, device, size: str, arms: list[str], compile_mode: st
             "rows": rows, "targets": targets(rows)}
 
 
+def speed_targets(rows: dict, bounds: dict, mfu_target: float) -> dict:
+    """Each arm's step over the baseline's against its bound, and the baseline's MFU (rows without a ratio, a run that
+    failed, are not judged)."""
+    judged = {}
+    for arm, bound in bounds.items():
+        if "time_ratio" in rows.get(arm, {}):
+            ratio = rows[arm]["time_ratio"]
+            judged[f"{arm} step / baseline"] = {"value": ratio, "target": f"<= {bound:.2f}", "met": ratio <= bound}
+    mfu = rows.get("baseline", {}).get("mfu")
+    judged["baseline MFU"] = {"value": mfu, "target": f">= {mfu_target:.0%}",
+                              "met": mfu is not None and mfu >= mfu_target}
+    return judged
+
+
 def targets(rows: dict) -> dict:
     """The issue's targets from the step part's rows."""
-    judged = {}
-    for arm, bound in TARGETS.items():
-        if arm not in rows:
-            continue
-        ratio = rows[arm]["time_ratio"]
-        judged[f"{arm} step / baseline"] = {"value": ratio, "target": f"<= {bound:.2f}", "met": ratio <= bound}
-    mfu = rows["baseline"]["mfu"]
-    judged["baseline MFU"] = {"value": mfu, "target": f">= {MFU_TARGET:.0%}",
-                              "met": mfu is not None and mfu >= MFU_TARGET}
+    judged = speed_targets(rows, TARGETS, MFU_TARGET)
     for arm, row in rows.items():
         error = row["gradient_error"]
         judged[f"{arm} compiled gradients"] = {"value": error, "target": "<= 0.05 (relative L2 to eager)",
@@ -140,6 +146,14 @@ def train_command(home: Path, size: str, device: str, arm: str = "ddl_dv4", step
     return cmd, {**os.environ, "DDL_HOME": str(home), "PYTHONUNBUFFERED": "1"}
 
 
+def trained_model(size: str, arm: str):
+    """The model train_command's run of `arm` trains: ddl.bench's arm at `size`, the embedded corpus's vocabulary."""
+    from .bench import ARMS
+    from .data import DataConfig
+    from .model import model_config
+    return model_config(size, vocab_size=DataConfig(source="embedded").model_vocab_size(), **ARMS[arm])
+
+
 def logged(home: Path, key: str) -> list[tuple[int, float]]:
     """(step, value of `key`) of every line of the run's metrics.jsonl that has it, in the order logged."""
     [metrics] = home.glob("runs/*/metrics.jsonl")
@@ -150,12 +164,12 @@ def logged(home: Path, key: str) -> list[tuple[int, float]]:
 def train_part(check: Check, out: Path, size: str, device: str, arms: list[str]) -> dict:
     """Each arm as a training run under CUDA graphs (the module docstring says what is read), the baseline first;
     the rows are recorded after each run, so a check cut short keeps the runs it finished."""
-    from .bench import ARMS
-    from .costs import BF16_PEAK_FLOPS, training_flops
-    from .data import DataConfig
-    from .model import model_config, param_count
-    name = check.summary["machine"]["device"]
-    peak = next((flops for key, flops in BF16_PEAK_FLOPS.items() if key in name), None) if device == "cuda" else None
+    import torch
+
+    from .bench import peak_flops
+    from .costs import training_flops
+    from .model import param_count
+    peak = peak_flops(torch.device(device))
     rows: dict = {}
     for arm in arms:
         with tempfile.TemporaryDirectory() as scratch:
@@ -169,8 +183,7 @@ def train_part(check: Check, out: Path, size: str, device: str, arms: list[str])
             rates = [rate for _, rate in logged(Path(scratch), "train/tokens_per_s")[2:]]
             memory = [gib for _, gib in logged(Path(scratch), "train/gpu_peak_gib")]
         tokens_per_s = statistics.median(rates)
-        vocab = DataConfig(source="embedded").model_vocab_size()
-        params = param_count(model_config(size, vocab_size=vocab, **ARMS[arm]))
+        params = param_count(trained_model(size, arm))
         rows[arm] = {"tokens_per_s": tokens_per_s, "intervals": len(rates), "params": params,
                      "mfu": training_flops(params, tokens_per_s) / peak if peak else None,
                      "peak_gib": max(memory) if memory else None}
@@ -183,15 +196,7 @@ def train_part(check: Check, out: Path, size: str, device: str, arms: list[str])
 
 def train_targets(rows: dict) -> dict:
     """The issue's targets for a training run under CUDA graphs, from the train part's rows."""
-    judged = {}
-    for arm, bound in TRAIN_TARGETS.items():
-        if "time_ratio" in rows.get(arm, {}):
-            ratio = rows[arm]["time_ratio"]
-            judged[f"{arm} step / baseline"] = {"value": ratio, "target": f"<= {bound:.2f}", "met": ratio <= bound}
-    mfu = rows.get("baseline", {}).get("mfu")
-    judged["baseline MFU"] = {"value": mfu, "target": f">= {TRAIN_MFU_TARGET:.0%}",
-                              "met": mfu is not None and mfu >= TRAIN_MFU_TARGET}
-    return judged
+    return speed_targets(rows, TRAIN_TARGETS, TRAIN_MFU_TARGET)
 
 
 def logged_losses(home: Path) -> list[tuple[int, float]]:
@@ -428,11 +433,7 @@ def markdown(summary: dict) -> str:
                          f"| {row['tokens_per_s']:,.0f} "
                          f"| {mfu} | {row['memory_mib']:,.0f} | {row['first_step_s']:.1f} "
                          f"| {row['gradient_error']:.2e} |")
-        lines += ["", "| target | value | bound | |", "|---|---|---|---|"]
-        for name, t in step["targets"].items():
-            value = "-" if t["value"] is None else f"{t['value']:.1%}" if "MFU" in name else f"{t['value']:.3g}"
-            lines.append(f"| {name} | {value} | {t['target']} | {'met' if t['met'] else 'MISSED'} |")
-        lines.append("")
+        lines += _target_lines(step["targets"], "{:.3g}") + [""]
     elif step:
         lines += [f"## Step: set up so far: {json.dumps(step.get('set_up', step))}", ""]
     if "resume" in summary:
@@ -476,11 +477,17 @@ def _train_lines(train: dict, size: str) -> list[str]:
                  _figure(row["mfu"], "{:.1%}"), _figure(row["peak_gib"], "{:.1f}")]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     if "targets" in train:
-        lines += ["", "| target | value | bound | |", "|---|---|---|---|"]
-        for name, t in train["targets"].items():
-            value = _figure(t["value"], "{:.1%}" if "MFU" in name else "{:.3f}")
-            lines.append(f"| {name} | {value} | {t['target']} | {'met' if t['met'] else 'MISSED'} |")
+        lines += _target_lines(train["targets"], "{:.3f}")
     return lines + [""]
+
+
+def _target_lines(judged: dict, form: str) -> list[str]:
+    """A part's targets as a table: each value in `form` (MFU as a percentage), its bound, met or MISSED."""
+    lines = ["", "| target | value | bound | |", "|---|---|---|---|"]
+    for name, t in judged.items():
+        value = _figure(t["value"], "{:.1%}" if "MFU" in name else form)
+        lines.append(f"| {name} | {value} | {t['target']} | {'met' if t['met'] else 'MISSED'} |")
+    return lines
 
 
 def _figure(value: float | None, form: str) -> str:
@@ -525,14 +532,9 @@ def _checked_arguments(parser: argparse.ArgumentParser, argv) -> argparse.Namesp
 def graphs_peak_over_saved(rows: dict, size: str) -> float:
     """The train part's peak memory under CUDA graphs over the activations a step saves (its parameters' state
     apart), the largest over the arms: the ratio the dry run's GiB/GPU takes for jobs under graphs."""
-    from .bench import ARMS
     from .costs import BYTES_PER_PARAM, saved_bytes_per_token
-    from .data import DataConfig
-    from .model import model_config
-    vocab = DataConfig(source="embedded").model_vocab_size()
     return max((row["peak_gib"] * 2 ** 30 - BYTES_PER_PARAM * row["params"])
-               / (saved_bytes_per_token(model_config(size, vocab_size=vocab, **ARMS[arm])) * BATCH * SEQ)
-               for arm, row in rows.items())
+               / (saved_bytes_per_token(trained_model(size, arm)) * BATCH * SEQ) for arm, row in rows.items())
 
 
 def _record(summary: dict, card: str) -> None:
