@@ -34,6 +34,8 @@ def assert_one_line(out, prefix, message, code=2):
     ("data=files data.files=/nonexistent/*.txt", "data.files='/nonexistent/*.txt': matches no file"),
     ("train.device=cuda", "train.device='cuda': this machine has no CUDA device"),
     ("ddl.n_h=nan", "ddl.n_h=nan: must be an integer"),
+    ("train.compile_mode=fast", "train.compile_mode='fast': must be one of default, reduce-overhead, max-autotune"),
+    ("train.compile_mode=reduce-overhead", "train.compile_mode='reduce-overhead': needs train.compile=true"),
     ("ddl.n_h=1\n2", "LexerNoViableAltException: ddl.n_h=1 2"),        # Hydra cannot parse it: its line
 ])
 @pytest.mark.slow
