@@ -310,7 +310,7 @@ def kernels_part(device, size: str, compile_backend: str) -> dict:
     import torch
 
     from .model.fused import triton_loops
-    shape, calls, (x, gain, W_c, W_x) = _kernel_calls(device, size)
+    shape, calls, norm_inputs = _kernel_calls(device, size)
     on_gpu = device.type == "cuda"
     timed = functools.partial(_timed, on_gpu=on_gpu)
     big = torch.empty(2 ** 28 if on_gpu else 2 ** 20, device=device, dtype=torch.bfloat16)   # 512 MiB on a GPU
@@ -330,7 +330,7 @@ def kernels_part(device, size: str, compile_backend: str) -> dict:
         rows[name] = {"us": us, "bytes": moved, "GB_per_s": moved / us / 1e3, "of_copy": moved / us * 1e6 / copy_rate,
                       "us_by_warps": by_warps}
     return {"shape": shape, "copy_GB_per_s": copy_rate / 1e9, "ops": rows,
-            "norm_step_us": norm_step(device, x, gain, W_c, W_x, timed, compile_backend),
+            "norm_step_us": norm_step(device, *norm_inputs, timed, compile_backend),
             "compile_backend": compile_backend}
 
 
@@ -353,18 +353,19 @@ def _kernel_calls(device, size: str) -> tuple[dict, dict, tuple]:
     h, h_a, beta, v, w = randn(B, T, d, dtype=bf16), randn(B, T, d, dtype=bf16), randn(B, T, 1).sigmoid(), \
         randn(B, T, dv), randn(B, T, dv)
     A, x, g = randn(dv, d, L), randn(B, T, d), randn(B, T, d)
-    gain, W_c, W_x = randn(d), randn(1, d), randn(dv, d)
+    gain, W_c, W_x, b_c, b_x = randn(d), randn(1, d), randn(dv, d), randn(1), randn(dv)
     w_k, rho, q = ops.key_forward(X, h, beta, v, 1e-10)
     _, w_m, rho_m, q_m, _ = ops.write_forward(X, h_a, w_k, h, beta, v, A, 1e-10, True)
-    _, _, _, rho_n = ops.norm_forward(x, gain, W_c, W_x, 1e-5, bf16)
+    gates = (b_c, b_x, 2.0, 4.0)                                  # beta = 2 sigmoid(.), v = 4 sigmoid(.)
+    _, y_c, y_x, rho_n = ops.norm_forward(x, gain, W_c, W_x, *gates, 1e-5, bf16)
     calls = {"key_forward": (X, h, beta, v, 1e-10), "key_backward (update_backward)": (G, w, X, h, beta, v, rho, q),
              "write_forward": (X, h_a, w_k, h, beta, v, A, 1e-10, True),
              "write_backward": (G, w, g, X, h_a, w_k, h, beta, v, rho_m, q_m, A),
              "update_forward (d_v=1)": (X[:, :, :1].contiguous(), h, beta, v[..., :1], 1e-10),
-             "norm_forward": (x, gain, W_c, W_x, 1e-5, bf16),
-             "norm_backward": (h, g[..., :1], g[..., :dv], x, gain, W_c, W_x, rho_n),
+             "norm_forward": (x, gain, W_c, W_x, *gates, 1e-5, bf16),
+             "norm_backward": (h, g[..., :1], g[..., :dv], x, gain, W_c, W_x, *gates, rho_n, y_c, y_x),
              "rank_one_forward": (w, h, A), "rank_one_backward": (g, w, h, A)}
-    return {"B": B, "T": T, "dv": dv, "d": d, "L": L}, calls, (x, gain, W_c, W_x)
+    return {"B": B, "T": T, "dv": dv, "d": d, "L": L}, calls, (x, gain, W_c, W_x, b_c, b_x)
 
 
 def _timed(fn, *args, on_gpu: bool) -> float:
@@ -397,21 +398,21 @@ def _nbytes(tree) -> int:
     return sum(t.numel() * t.element_size() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
 
 
-def norm_step(device, x, gain, W_c, W_x, timed, compile_backend: str) -> dict:
+def norm_step(device, x, gain, W_c, W_x, b_c, b_x, timed, compile_backend: str) -> dict:
     """A sublayer's norm and gates forward and backward (bf16 autocast): the fused op against the plain ops compiled
     by `compile_backend` (inductor, unless told), microseconds."""
     import torch
 
-    from .model.fused import FusedNormProjections, eager
+    from .model.fused import eager, norm_projections
 
     def step(fn):
-        inputs = [t.detach().requires_grad_() for t in (x, gain, W_c, W_x)]
+        x_, gain_, W_c_, W_x_, b_c_, b_x_ = (t.detach().requires_grad_() for t in (x, gain, W_c, W_x, b_c, b_x))
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            c, l_c, l_x = fn(*inputs, 1e-5)
-        (c.float().sum() + l_c.sum() + l_x.sum()).backward()
+            c, y_c, y_x = fn(x_, gain_, W_c_, W_x_, 1e-5, b_c_, b_x_, 2.0, 4.0)
+        (c.float().sum() + y_c.sum() + y_x.sum()).backward()
 
     compiled = torch.compile(eager.norm_projections, fullgraph=True, backend=compile_backend)
-    return {"fused": timed(step, FusedNormProjections.apply), "plain_compiled": timed(step, compiled)}
+    return {"fused": timed(step, norm_projections), "plain_compiled": timed(step, compiled)}
 
 
 def markdown(summary: dict) -> str:

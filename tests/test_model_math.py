@@ -160,21 +160,30 @@ def test_fused_expansion_is_the_depthwise_conv_over_time(taps, T, loops):
     assert_fused_matches_plain(expand_state, FusedExpand.apply, [x, E], g)
 
 
-@pytest.mark.parametrize("n_c, n_x", [(1, DV), (8, 0)])                       # linear k-Map; MLP estimator, v-Map
-def test_fused_norm_with_projections_matches_the_plain_ops(n_c, n_x, loops):
+# The sublayer's gates: the linear estimator and the k-Map (beta and v activated in the op), DeltaProduct's two steps
+# side by side, the MLP estimator's hidden layer with the k-Map's v, the MLP estimator and the v-Map (no activation).
+@pytest.mark.parametrize("n_c, n_x, gated", [(1, DV, "cx"), (2, 2 * DV, "cx"), (8, DV, "x"), (8, 0, "")])
+def test_fused_norm_with_its_gates_matches_the_plain_ops(n_c, n_x, gated, loops):
     g = torch.Generator().manual_seed(10)
     x, weight = torch.randn(2, 5, D, generator=g), 1 + 0.1 * torch.randn(D, generator=g)
     W_c, W_x = torch.randn(n_c, D, generator=g), torch.randn(n_x, D, generator=g)
-    inputs = [x, weight, W_c, W_x]
+    b_c, b_x = torch.randn(n_c, generator=g), torch.randn(n_x, generator=g)
+    inputs = [x, weight, W_c, W_x] + [b_c] * ("c" in gated) + [b_x] * ("x" in gated)
+    names = ["x", "weight", "W_c", "W_x"] + ["b_c"] * ("c" in gated) + ["b_x"] * ("x" in gated)
 
-    def loss(norm, *tensors):                                                   # every output feeds the loss
-        c, l_c, l_x = norm(*tensors, 1e-6)
-        return (c * x.cos()).sum() + l_c.pow(2).sum() + l_x.sin().sum()
+    def norm(norm_projections, x, weight, W_c, W_x, *biases):
+        b_c = biases[0] if "c" in gated else None
+        b_x = biases[-1] if "x" in gated else None
+        return norm_projections(x, weight, W_c, W_x, 1e-6, b_c, b_x, 2.0, 3.0)
+
+    def loss(norm_projections, *tensors):                                       # every output feeds the loss
+        c, y_c, y_x = norm(norm_projections, *tensors)
+        return (c * x.cos()).sum() + y_c.pow(2).sum() + y_x.sin().sum()
 
     plain_in, fused_in = ([t.clone().requires_grad_() for t in inputs] for _ in range(2))
     expected, out = loss(eager.norm_projections, *plain_in), loss(norm_projections, *fused_in)
     assert torch.allclose(out, expected, atol=1e-12)
     expected.backward(), out.backward()
-    for name, a, b in zip(("x", "weight", "W_c", "W_x"), plain_in, fused_in, strict=True):
+    for name, a, b in zip(names, plain_in, fused_in, strict=True):
         assert torch.allclose(a.grad, b.grad, atol=1e-12), name
-    assert torch.autograd.gradcheck(lambda *t: norm_projections(*t, 1e-6), [t.clone().requires_grad_() for t in inputs])
+    assert torch.autograd.gradcheck(lambda *t: norm(norm_projections, *t), [t.clone().requires_grad_() for t in inputs])

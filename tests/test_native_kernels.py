@@ -29,7 +29,8 @@ def python(code: str, timeout: float, **env: str) -> subprocess.CompletedProcess
 
 
 def op_calls(ops, B: int, T: int) -> dict:
-    """Every C++ op, forward and backward, with random float32 arguments of these sizes."""
+    """Every C++ op, forward and backward, with random float32 arguments of these sizes (the norm with its gates
+    activated and without)."""
     g = torch.Generator().manual_seed(9)
     L = 4
     X, k_raw, v, w = (torch.randn(*shape, generator=g) for shape in ((B, T, DV, D), (B, T, D), (B, T, DV), (B, T, DV)))
@@ -45,10 +46,13 @@ def op_calls(ops, B: int, T: int) -> dict:
              "read_forward": (X, taps), "read_backward": (g_x, X, taps), "rank_one_forward": (w, k_raw, taps),
              "rank_one_backward": (g_x, w, k_raw, taps), "expand_forward": (k_raw, taps),
              "expand_backward": (G, k_raw, taps),
-             "norm_forward": (k_raw, k_raw[0, 0], X[0, 0, :1], X[0, 1], 1e-6)}
-    c, l_c, l_x, rho_norm = ops.norm_forward(*calls["norm_forward"])
-    calls["norm_backward"] = (torch.randn_like(c, generator=g), torch.randn_like(l_c, generator=g),
-                              torch.randn_like(l_x, generator=g), *calls["norm_forward"][:4], rho_norm)
+             }
+    W_c, W_x, b_c, b_x = X[0, 0, :1], X[0, 1], torch.randn(1, generator=g), torch.randn(DV, generator=g)
+    for gated, gates in (("", (b_c, b_x, 2.0, 4.0)), (" ungated", (None, None, 1.0, 1.0))):   # beta, v; the MLP's
+        calls["norm_forward" + gated] = inputs = (k_raw, k_raw[0, 0], W_c, W_x, *gates, 1e-6)
+        c, y_c, y_x, rho_norm = ops.norm_forward(*inputs)
+        calls["norm_backward" + gated] = (torch.randn_like(c, generator=g), torch.randn_like(y_c, generator=g),
+                                          torch.randn_like(y_x, generator=g), *inputs[:-1], rho_norm, y_c, y_x)
     return calls
 
 
@@ -57,7 +61,8 @@ def test_cpp_ops_declare_their_outputs_for_torch_compile():
     ops = native.ops()
     assert ops is not None, "the C++ kernels did not build"
     for name, args in op_calls(ops, B=2, T=5).items():
-        result = torch.library.opcheck(getattr(ops, name).default, args, test_utils=("test_schema", "test_faketensor"))
+        result = torch.library.opcheck(getattr(ops, name.split()[0]).default, args,
+                                       test_utils=("test_schema", "test_faketensor"))
         assert set(result.values()) == {"SUCCESS"}, (name, result)
 
 
@@ -72,7 +77,7 @@ def test_the_cpp_kernels_give_the_same_bits_whatever_the_thread_count():
     try:
         for n in (1, 2, 3):
             torch.set_num_threads(n)
-            results.append({name: getattr(ops, name)(*args) for name, args in calls.items()})
+            results.append({name: getattr(ops, name.split()[0])(*args) for name, args in calls.items()})
     finally:
         torch.set_num_threads(threads)
     for other in results[1:]:

@@ -214,23 +214,33 @@ def test_expansion_matches_the_plain_form(dv, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("gated", [True, False], ids=["gated", "ungated"])   # the linear estimator, k-Map; the MLP's
 @pytest.mark.parametrize("nc, nx", [(1, 4), (2, 16), (0, 1), (1, 0)])     # gates of 1 or 2 steps; v-Map has no x map
-def test_norm_projections_match_the_plain_form(nc, nx, dtype):
-    """A sublayer's RMSNorm and its gates' maps in one row kernel: c (in the dtype asked: autocast's), l_c, l_x, and
-    every gradient, the weights' summed over chunks of tokens."""
+def test_norm_projections_match_the_plain_form(nc, nx, gated, dtype):
+    """A sublayer's RMSNorm and its gates in one row kernel: c (in the dtype asked: autocast's), y_c, y_x (activated,
+    2 sigmoid(. + b_c) and 3 sigmoid(. + b_x), or the maps alone), and every gradient, the weights' and biases' summed
+    over chunks of tokens."""
     x, gain, W_c, W_x = tensors(18, dtype, (B, T, D), (D,), (nc, D), (nx, D))
     gain, W_c, W_x = gain.float(), W_c.float(), W_x.float()
-    g_c, g_lc, g_lx = tensors(19, dtype, (B, T, D), (B, T, nc), (B, T, nx))
-    (c, l_c, l_x), grads = reference(lambda *t: eager.norm_projections(*t, 1e-5), [x, gain, W_c, W_x],
-                                     [g_c, g_lc, g_lx])
+    b_c, b_x = (b.float() if gated else None for b in tensors(20, dtype, (nc,), (nx,)))
+    g_c, g_yc, g_yx = tensors(19, dtype, (B, T, D), (B, T, nc), (B, T, nx))
+    inputs = [x, gain, W_c, W_x] + ([b_c, b_x] if gated else [])
+
+    def plain(x, g, W_c, W_x, *biases):
+        return eager.norm_projections(x, g, W_c, W_x, 1e-5, *(biases or (None, None)), 2.0, 3.0)
+
+    (c, y_c, y_x), grads = reference(plain, inputs, [g_c, g_yc, g_yx])
     for c_dtype in (torch.float32, torch.bfloat16):
-        got_c, got_lc, got_lx, rho = ops.norm_forward(x, gain, W_c, W_x, 1e-5, c_dtype)
-        assert got_c.dtype == c_dtype and got_lc.dtype == got_lx.dtype == torch.float32
-        for name, a, b in (("c", got_c, c), ("l_c", got_lc, l_c), ("l_x", got_lx, l_x)):
+        got_c, got_yc, got_yx, rho = ops.norm_forward(x, gain, W_c, W_x, b_c, b_x, 2.0, 3.0, 1e-5, c_dtype)
+        assert got_c.dtype == c_dtype and got_yc.dtype == got_yx.dtype == torch.float32
+        for name, a, b in (("c", got_c, c), ("y_c", got_yc, y_c), ("y_x", got_yx, y_x)):
             assert_near(a, b, name)
-    got = ops.norm_backward(g_c, g_lc.float(), g_lx.float(), x, gain, W_c, W_x, rho)
-    for name, a, b in zip(("x", "g", "W_c", "W_x"), got, grads, strict=True):
+    got = ops.norm_backward(g_c, g_yc.float(), g_yx.float(), x, gain, W_c, W_x, b_c, b_x, 2.0, 3.0, rho, got_yc, got_yx)
+    names = ("x", "g", "W_c", "W_x", "b_c", "b_x")[:len(grads)]
+    for name, a, b in zip(names, got[:len(grads)], grads, strict=True):
         assert_near(a, b, f"dL/d{name}")
+    if not gated:
+        assert got[4].numel() == got[5].numel() == 0
 
 
 def test_sums_over_tokens_follow_the_token_order_bit_for_bit(monkeypatch):

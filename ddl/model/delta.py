@@ -79,6 +79,9 @@ def delta_write(X_mid: torch.Tensor, X: torch.Tensor, k_a: torch.Tensor, w_a: to
     return X_out, w, (state_read if read is None else read)(X_out, A)
 
 
+BETA_MAX = 2.0   # beta = 2 sigmoid(.), in (0, 2): past 1 the update reflects
+
+
 def _logit(p: float) -> float:
     p = min(max(p, 1e-6), 1.0 - 1e-6)  # beta_init 0 or 2: a large finite logit, the saturated limit
     return math.log(p / (1.0 - p))
@@ -86,13 +89,13 @@ def _logit(p: float) -> float:
 
 class SublayerInput(NamedTuple):
     """What a Delta sublayer reads: x_in (B,T,d), the compressed state; c = RMSNorm(x_in), what F
-    reads; and the gates' first linear maps, folded into the norm (norm_projections), every step's side
-    by side (n_h of them): beta_pre of c, (B,T,n_h) for the linear estimator, (B,T,n_h hidden) for the
-    MLP; v_pre of x_in (B,T,n_h dv), k-Map only."""
+    reads; and the gates that read them, folded into the norm (norm_projections), every step's side by
+    side (n_h of them): gate, of c: beta itself (B,T,n_h) for the linear estimator, the hidden layer's
+    input (B,T,n_h hidden) for the MLP; v of x_in (B,T,n_h dv), k-Map only."""
     x_in: torch.Tensor
     c: torch.Tensor
-    beta_pre: torch.Tensor
-    v_pre: torch.Tensor | None
+    gate: torch.Tensor
+    v: torch.Tensor | None
 
 
 def make_beta_gate(cfg: ModelConfig) -> nn.Module:
@@ -108,11 +111,13 @@ def gate_input(beta_gate: nn.Module) -> nn.Linear:
     return beta_gate if isinstance(beta_gate, nn.Linear) else beta_gate[0]
 
 
-def gate_logits(beta_gate: nn.Module, beta_pre: torch.Tensor) -> torch.Tensor:
-    """The gate's logits from its first Linear's output (without its bias)."""
+def gate_beta(beta_gate: nn.Module, gate: torch.Tensor) -> torch.Tensor:
+    """beta from the norm's gate output: beta itself for the linear estimator (the norm applied 2 sigmoid(. + b));
+    for the MLP, 2 sigmoid of tanh, then the output layer, of its hidden layer's input, in at least fp32."""
     if isinstance(beta_gate, nn.Linear):
-        return beta_pre + beta_gate.bias
-    return beta_gate[1:](beta_pre)                                             # tanh, then the output layer
+        return gate
+    logits = beta_gate[1:](gate)
+    return BETA_MAX * torch.sigmoid(logits.to(at_least_fp32(logits.dtype)))
 
 
 def gate_output(beta_gate: nn.Module) -> nn.Linear:
@@ -120,14 +125,9 @@ def gate_output(beta_gate: nn.Module) -> nn.Linear:
     return beta_gate if isinstance(beta_gate, nn.Linear) else beta_gate[-1]
 
 
-def gate_value(logits: torch.Tensor) -> torch.Tensor:
-    """beta = 2 sigmoid(logits), in at least fp32."""
-    return 2.0 * torch.sigmoid(logits.to(at_least_fp32(logits.dtype)))
-
-
 class FurtherDeltaStep(nn.Module):
     """Step j >= 2 of a DeltaProduct sublayer (ModelConfig.n_h): k~_j = W_k^j h, beta_j of c,
-    v_j = s sigmoid(W_v^j u) with u = x_in (k-Map) or h (v-Map). The linear maps of c and x_in run in
+    v_j = s sigmoid(W_v^j u) with u = x_in (k-Map) or h (v-Map). The gates that read c and x_in run in
     the sublayer's norm_projections (DeltaResidual.read_input)."""
 
     def __init__(self, cfg: ModelConfig):
@@ -137,10 +137,11 @@ class FurtherDeltaStep(nn.Module):
         self.W_v = nn.Linear(cfg.d_model, cfg.dv, bias=True)
         self.value_of_h = cfg.mapping == "v"
 
-    def components(self, h: torch.Tensor, beta_pre: torch.Tensor, v_pre: torch.Tensor | None, v_scale: float):
-        """k~_j, beta_j, v_j from h and this step's share of the norm's projections (v_pre None: v-Map)."""
-        v_raw = self.W_v(h) if self.value_of_h else v_pre + self.W_v.bias
-        return self.W_k(h), gate_value(gate_logits(self.beta_gate, beta_pre)), v_scale * torch.sigmoid(v_raw)
+    def components(self, h: torch.Tensor, gate: torch.Tensor, v: torch.Tensor | None, v_scale: float):
+        """k~_j, beta_j, v_j from h and this step's share of the norm's gates (v None: v-Map)."""
+        if self.value_of_h:
+            v = v_scale * torch.sigmoid(self.W_v(h))
+        return self.W_k(h), gate_beta(self.beta_gate, gate), v
 
 
 class DeltaResidual(nn.Module):
@@ -162,7 +163,7 @@ class DeltaResidual(nn.Module):
         self.W_v = nn.Linear(d, cfg.dv, bias=True)
         self.phi_k = nn.Linear(d, d, bias=False) if cfg.mapping == "v" else None
         self.further = nn.ModuleList(FurtherDeltaStep(cfg) for _ in range(cfg.n_h - 1))
-        self.beta_bias_init = _logit(cfg.beta_init / 2.0)
+        self.beta_bias_init = _logit(cfg.beta_init / BETA_MAX)
         ops = delta_kernels(cfg.kernels)
         self.update_steps, self.norm_projections = ops.update_steps, ops.norm
         self.last_betas: list[torch.Tensor] = []  # per step, (B,T,1), detached, for beta_stats()
@@ -173,31 +174,35 @@ class DeltaResidual(nn.Module):
         return [gate_output(self.beta_gate)] + [gate_output(step.beta_gate) for step in self.further]
 
     def read_input(self, x_in: torch.Tensor, norm: nn.RMSNorm) -> SublayerInput:
-        """c = norm(x_in) and every step's gate and value maps of c and x_in (without biases), in one op."""
-        W_c = _side_by_side([gate_input(self.beta_gate).weight] +
-                            [gate_input(step.beta_gate).weight for step in self.further])
-        W_x = (_side_by_side([self.W_v.weight] + [step.W_v.weight for step in self.further])
-               if self.mapping == "k" else x_in.new_zeros(0, x_in.size(-1)))
-        c, beta_pre, v_pre = self.norm_projections(x_in, norm.weight, W_c, W_x, norm.eps)
-        return SublayerInput(x_in, c, beta_pre, v_pre if self.mapping == "k" else None)
+        """c = norm(x_in) and every step's gates of c and x_in, in one op: the linear estimator's beta and the k-Map's
+        v activated there, the MLP estimator's first map without its bias."""
+        gates = [self.beta_gate] + [step.beta_gate for step in self.further]
+        W_c = _side_by_side([gate_input(gate).weight for gate in gates])
+        b_c = _side_by_side([gate.bias for gate in gates]) if isinstance(self.beta_gate, nn.Linear) else None
+        if self.mapping == "k":
+            values = [self.W_v] + [step.W_v for step in self.further]
+            W_x, b_x = _side_by_side([m.weight for m in values]), _side_by_side([m.bias for m in values])
+        else:
+            W_x, b_x = x_in.new_zeros(0, x_in.size(-1)), None
+        c, gate, v = self.norm_projections(x_in, norm.weight, W_c, W_x, norm.eps, b_c, b_x, BETA_MAX, self.v_scale)
+        return SublayerInput(x_in, c, gate, v if self.mapping == "k" else None)
 
-    def components(self, h: torch.Tensor, inp: SublayerInput, beta_pre: torch.Tensor, v_pre: torch.Tensor | None):
+    def components(self, h: torch.Tensor, inp: SublayerInput, gate: torch.Tensor, v: torch.Tensor | None):
         """Step 1's k~ (B,T,d), the key before its normalisation (the update's), beta (B,T,1) fp32, v (B,T,dv)."""
         if self.mapping == "k":
-            k_raw, v_raw = h, v_pre + self.W_v.bias
-        else:
-            k_raw, v_raw = self.phi_k(inp.c if self.read_k_from_context else inp.x_in), self.W_v(h)
-        return k_raw, gate_value(gate_logits(self.beta_gate, beta_pre)), self.v_scale * torch.sigmoid(v_raw)
+            return h, gate_beta(self.beta_gate, gate), v
+        k_raw = self.phi_k(inp.c if self.read_k_from_context else inp.x_in)
+        return k_raw, gate_beta(self.beta_gate, gate), self.v_scale * torch.sigmoid(self.W_v(h))
 
     def steps(self, h: torch.Tensor, inp: SublayerInput) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Every step's (k~, beta, v) from the sublayer output h and its input (recording the betas)."""
-        beta_pres, v_pres = [inp.beta_pre], [inp.v_pre]
-        if self.further:                                  # each step's share of the norm's projections
-            beta_pres = inp.beta_pre.chunk(1 + len(self.further), -1)
-            v_pres = [None] * len(beta_pres) if inp.v_pre is None else inp.v_pre.chunk(len(beta_pres), -1)
-        steps = [self.components(h, inp, beta_pres[0], v_pres[0])]
-        steps += [step.components(h, beta_pre, v_pre, self.v_scale)
-                  for step, beta_pre, v_pre in zip(self.further, beta_pres[1:], v_pres[1:], strict=True)]
+        gates, values = [inp.gate], [inp.v]
+        if self.further:                                  # each step's share of the norm's gates
+            gates = inp.gate.chunk(1 + len(self.further), -1)
+            values = [None] * len(gates) if inp.v is None else inp.v.chunk(len(gates), -1)
+        steps = [self.components(h, inp, gates[0], values[0])]
+        steps += [step.components(h, gate, v, self.v_scale)
+                  for step, gate, v in zip(self.further, gates[1:], values[1:], strict=True)]
         self.last_betas = [beta.detach() for _, beta, _ in steps]
         if self.recording:
             self.last_steps = [tuple(t.detach() for t in step) for step in steps]

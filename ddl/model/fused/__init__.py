@@ -10,7 +10,8 @@ neither can run (eager.py, the same math op by op). Every reduction and update i
 least fp32; the state is stored in its own dtype (ModelConfig.state_dtype: bf16 on CUDA by default).
 The Triton kernels load each input in its own dtype; the C++ and PyTorch-op loops get their inputs
 cast to the computing dtype. For backward the ops save their inputs and a few (B,T,dv) numbers.
-norm_projections, a sublayer's RMSNorm with the gates' linear maps, is one op too (C++, Triton).
+norm_projections, a sublayer's RMSNorm with the gates' linear maps and activations, is one op too (C++,
+Triton).
 """
 
 from __future__ import annotations
@@ -55,11 +56,11 @@ def loops_for(t: torch.Tensor):
 
 
 def computing(loops, acc: torch.dtype, *tensors: torch.Tensor) -> list[torch.Tensor]:
-    """The tensors as `loops` take them: as they are for the Triton kernels, which load each in its dtype and compute
-    in fp32; cast to the computing dtype acc for the C++ and PyTorch-op loops, which take one dtype."""
+    """The tensors (or Nones) as `loops` take them: as they are for the Triton kernels, which load each in its dtype
+    and compute in fp32; cast to the computing dtype acc for the C++ and PyTorch-op loops, which take one dtype."""
     if loops is torch.ops.ddl_triton:
         return list(tensors)
-    return [t if t.dtype == acc else t.to(acc) for t in tensors]
+    return [t if t is None or t.dtype == acc else t.to(acc) for t in tensors]
 
 
 def autocast_off(device: str):
@@ -288,47 +289,48 @@ FusedExpand = _keeping_inputs("FusedExpand", "expand",
 MAX_FOLDED_MAPS = 32   # gate and value maps folded into the norm's row kernel on CUDA; a wider map is a matmul
 
 
-def norm_projections(x, weight, W_c, W_x, eps: float):
-    """(c, c W_c^T, x W_x^T) with c = rms_norm(x) * weight: a sublayer's RMSNorm with the gates that
-    read its output and its input, in one op where the loops have one (C++ on CPU, Triton on CUDA; its
-    backward adds the gates' gradients into the norm's instead of writing and summing separate ones),
-    else the plain ops. On CUDA a map of c wider than MAX_FOLDED_MAPS (the MLP gate's) runs as a matmul."""
+def norm_projections(x, weight, W_c, W_x, eps: float, b_c=None, b_x=None, s_c: float = 1.0, s_x: float = 1.0):
+    """(c, y_c, y_x) with c = rms_norm(x) * weight and the gates that read the norm's output and its input,
+    y_c = gate(c W_c^T, b_c, s_c), y_x = gate(x W_x^T, b_x, s_x) (eager.gate: s sigmoid(. + b), or the map itself
+    without biases): a sublayer's RMSNorm, gate maps and activations in one op where the loops have one (C++ on CPU,
+    Triton on CUDA; its backward adds the gates' gradients into the norm's instead of writing and summing separate
+    ones), else the plain ops. On CUDA a map of c wider than MAX_FOLDED_MAPS (the MLP gate's) runs as a matmul."""
     loops = loops_for(x)
     if loops is eager:
-        return eager.norm_projections(x, weight, W_c, W_x, eps)
+        return eager.norm_projections(x, weight, W_c, W_x, eps, b_c, b_x, s_c, s_x)
     if loops is torch.ops.ddl_triton and W_c.size(0) > MAX_FOLDED_MAPS:
-        c, _, l_x = FusedNormProjections.apply(x, weight, W_c[:0], W_x, eps)
-        return c, torch.nn.functional.linear(c, W_c), l_x
-    return FusedNormProjections.apply(x, weight, W_c, W_x, eps)
+        c, _, y_x = FusedNormProjections.apply(x, weight, W_c[:0], W_x, None, b_x, 1.0, s_x, eps)
+        return c, eager.gate(torch.nn.functional.linear(c, W_c), b_c, s_c), y_x
+    return FusedNormProjections.apply(x, weight, W_c, W_x, b_c, b_x, s_c, s_x, eps)
 
 
 class FusedNormProjections(torch.autograd.Function):
     """norm_projections in one op each way, in at least fp32: c in autocast's dtype where it is on (what the
-    sublayer's matmuls read), else in x's; the maps' outputs in the computing dtype. Keeps x and
-    rho = 1/sqrt(mean(x^2) + eps) for backward."""
+    sublayer's matmuls read), else in x's; the gates' outputs in the computing dtype. The C++ and Triton ops ignore
+    autocast. Keeps x, rho = 1/sqrt(mean(x^2) + eps) and the gates' outputs (their activations' slopes) for
+    backward."""
 
     @staticmethod
-    def forward(ctx, x, weight, W_c, W_x, eps: float):
+    def forward(ctx, x, weight, W_c, W_x, b_c, b_x, s_c: float, s_x: float, eps: float):
         device = x.device.type
         c_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
         ctx.loops = loops = loops_for(x)
-        with autocast_off(device):
-            inputs = computing(loops, at_least_fp32(x.dtype), x, weight, W_c, W_x)
-            if loops is torch.ops.ddl_triton:
-                c, l_c, l_x, rho = loops.norm_forward(*inputs, eps, c_dtype)
-            else:
-                c, l_c, l_x, rho = loops.norm_forward(*inputs, eps)
-        ctx.save_for_backward(*inputs, rho)
-        ctx.dtypes = [t.dtype for t in (x, weight, W_c, W_x)]
-        return cast(c, c_dtype), l_c, l_x
+        inputs = computing(loops, at_least_fp32(x.dtype), x, weight, W_c, W_x, b_c, b_x)
+        if loops is torch.ops.ddl_triton:
+            c, y_c, y_x, rho = loops.norm_forward(*inputs, s_c, s_x, eps, c_dtype)
+        else:
+            c, y_c, y_x, rho = loops.norm_forward(*inputs, s_c, s_x, eps)
+        ctx.save_for_backward(*inputs, rho, y_c, y_x)
+        ctx.scales = s_c, s_x
+        ctx.dtypes = [None if t is None else t.dtype for t in (x, weight, W_c, W_x, b_c, b_x)]
+        return cast(c, c_dtype), y_c, y_x
 
     @staticmethod
-    def backward(ctx, g_c, g_lc, g_lx):
-        x, weight, W_c, W_x, rho = ctx.saved_tensors
+    def backward(ctx, g_c, g_yc, g_yx):
+        x, weight, W_c, W_x, b_c, b_x, rho, y_c, y_x = ctx.saved_tensors
         loops = ctx.loops
-        shapes = (x.shape, x.shape[:-1] + W_c.shape[:1], x.shape[:-1] + W_x.shape[:1])
-        grads = [x.new_zeros(shape) if g is None else computing(loops, x.dtype, g)[0]
-                 for g, shape in zip((g_c, g_lc, g_lx), shapes, strict=True)]
-        with autocast_off(x.device.type):
-            g_x, g_weight, g_Wc, g_Wx = loops.norm_backward(*grads, x, weight, W_c, W_x, rho)
-        return *(cast(g, dtype) for g, dtype in zip((g_x, g_weight, g_Wc, g_Wx), ctx.dtypes, strict=True)), None
+        grads = [t.new_zeros(t.shape) if g is None else computing(loops, x.dtype, g)[0]
+                 for g, t in ((g_c, x), (g_yc, y_c), (g_yx, y_x))]
+        grads = loops.norm_backward(*grads, x, weight, W_c, W_x, b_c, b_x, *ctx.scales, rho, y_c, y_x)
+        return (*(None if dtype is None else cast(g, dtype) for g, dtype in zip(grads, ctx.dtypes, strict=True)),
+                None, None, None)

@@ -403,11 +403,22 @@ void expand_backward_loop(const T* g, const T* x, const T* E, T* g_x, T* g_E, in
   }
 }
 
-// c = x rho * g with rho = 1/sqrt(mean(x^2) + eps) (an RMSNorm), and the projections lc = c W_c^T,
-// lx = x W_x^T (B,T,nc), (B,T,nx): the gates that read the norm's output and input.
+// A gate's activation: a map l of the norm's output or input is gated where it has biases b,
+// y = s sigmoid(l + b) (beta = 2 sigmoid(.), v = s sigmoid(.)); else y = l (the MLP estimator's hidden layer).
 template <typename T>
-void norm_forward_loop(const T* x, const T* g, const T* W_c, const T* W_x, T eps, T* c, T* l_c, T* l_x, T* rho,
-                       int64_t N, int64_t nc, int64_t nx, int64_t d) {
+struct Gate {
+  const T* b;  // (width,) or nullptr: ungated
+  T s;
+  T forward(T l, int64_t j) const { return b ? s / (1 + std::exp(-(l + b[j]))) : l; }
+  // dL/dl from dL/dy and the saved y: s sigmoid' = y (1 - y / s)
+  T backward(T g_y, T y) const { return b ? g_y * y * (1 - y / s) : g_y; }
+};
+
+// c = x rho * g with rho = 1/sqrt(mean(x^2) + eps) (an RMSNorm), and the gates' maps y_c = gate_c(c W_c^T),
+// y_x = gate_x(x W_x^T) (B,T,nc), (B,T,nx): the gates that read the norm's output and input.
+template <typename T>
+void norm_forward_loop(const T* x, const T* g, const T* W_c, const T* W_x, Gate<T> gate_c, Gate<T> gate_x, T eps,
+                       T* c, T* y_c, T* y_x, T* rho, int64_t N, int64_t nc, int64_t nx, int64_t d) {
   at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
     for (int64_t n = first; n < last; ++n) {
       const T* xn = x + n * d;
@@ -416,24 +427,27 @@ void norm_forward_loop(const T* x, const T* g, const T* W_c, const T* W_x, T eps
       rho[n] = r;
 #pragma omp simd
       for (int64_t i = 0; i < d; ++i) cn[i] = xn[i] * r * g[i];
-      for (int64_t j = 0; j < nc; ++j) l_c[n * nc + j] = dot(cn, W_c + j * d, d);
-      for (int64_t j = 0; j < nx; ++j) l_x[n * nx + j] = dot(xn, W_x + j * d, d);
+      for (int64_t j = 0; j < nc; ++j) y_c[n * nc + j] = gate_c.forward(dot(cn, W_c + j * d, d), j);
+      for (int64_t j = 0; j < nx; ++j) y_x[n * nx + j] = gate_x.forward(dot(xn, W_x + j * d, d), j);
     }
   });
 }
 
-// partials: (d + (nc + nx) * d) sums over tokens: dL/dg, dL/dW_c, dL/dW_x.
+// partials: (d + (nc + nx) * d + nc + nx) sums over tokens: dL/dg, dL/dW_c, dL/dW_x, the gates' dL/db.
 template <typename T>
-void norm_backward_loop(const T* g_c, const T* g_lc, const T* g_lx, const T* x, const T* g, const T* W_c,
-                        const T* W_x, const T* rho, T* g_x, T* partials, int64_t first, int64_t last, int64_t nc,
-                        int64_t nx, int64_t d) {
+void norm_backward_loop(const T* g_c, const T* g_yc, const T* g_yx, const T* x, const T* g, const T* W_c,
+                        const T* W_x, const T* rho, const T* y_c, const T* y_x, Gate<T> gate_c, Gate<T> gate_x,
+                        T* g_x, T* partials, int64_t first, int64_t last, int64_t nc, int64_t nx, int64_t d) {
   T *g_g = partials, *g_Wc = partials + d, *g_Wx = partials + (1 + nc) * d;
-  std::vector<T> G(d);                                        // dL/dc: the incoming gradient and the gates'
+  T *g_bc = partials + (1 + nc + nx) * d, *g_bx = g_bc + nc;
+  std::vector<T> G(d), a_c(nc), a_x(nx);                        // dL/dc (the incoming gradient and the gates'), dL/dl
   for (int64_t n = first; n < last; ++n) {
     const T *xn = x + n * d, *gc = g_c + n * d, r = rho[n];
+    for (int64_t j = 0; j < nc; ++j) g_bc[j] += a_c[j] = gate_c.backward(g_yc[n * nc + j], y_c[n * nc + j]);
+    for (int64_t j = 0; j < nx; ++j) g_bx[j] += a_x[j] = gate_x.backward(g_yx[n * nx + j], y_x[n * nx + j]);
     std::copy(gc, gc + d, G.begin());
     for (int64_t j = 0; j < nc; ++j) {
-      const T a = g_lc[n * nc + j], *Wj = W_c + j * d;
+      const T a = a_c[j], *Wj = W_c + j * d;
 #pragma omp simd
       for (int64_t i = 0; i < d; ++i) G[i] += a * Wj[i];
     }
@@ -448,13 +462,13 @@ void norm_backward_loop(const T* g_c, const T* g_lc, const T* g_lx, const T* x, 
       g_g[i] += G[i] * xn[i] * r;
     }
     for (int64_t j = 0; j < nc; ++j) {
-      const T a = g_lc[n * nc + j] * r;
+      const T a = a_c[j] * r;
       T* gW = g_Wc + j * d;
 #pragma omp simd
       for (int64_t i = 0; i < d; ++i) gW[i] += a * xn[i] * g[i];
     }
     for (int64_t j = 0; j < nx; ++j) {
-      const T a = g_lx[n * nx + j], *Wj = W_x + j * d;
+      const T a = a_x[j], *Wj = W_x + j * d;
       T* gW = g_Wx + j * d;
 #pragma omp simd
       for (int64_t i = 0; i < d; ++i) {
@@ -769,48 +783,75 @@ std::tuple<Tensor, Tensor> expand_backward(const Tensor& g_, const Tensor& x_, c
   return {g_x, taps_from_lags(g_E_lag)};
 }
 
+// A gate's biases, checked and contiguous (undefined: the map is ungated).
+Tensor gate_biases(const std::optional<Tensor>& b, int64_t width, const char* name) {
+  if (!b.has_value()) return Tensor();
+  check_shape(*b, {width}, name);
+  return b->contiguous();
+}
+
+template <typename T>
+Gate<T> make_gate(const Tensor& b, double s) { return {b.defined() ? ptr<T>(b) : nullptr, static_cast<T>(s)}; }
+
 std::tuple<Tensor, Tensor, Tensor, Tensor> norm_forward(const Tensor& x_, const Tensor& g_, const Tensor& W_c_,
-                                                        const Tensor& W_x_, double eps) {
+                                                        const Tensor& W_x_, const std::optional<Tensor>& b_c_,
+                                                        const std::optional<Tensor>& b_x_, double s_c, double s_x,
+                                                        double eps) {
   const Tensor x = x_.contiguous(), g = g_.contiguous(), W_c = W_c_.contiguous(), W_x = W_x_.contiguous();
   const int64_t d = x.size(-1), N = x.numel() / d, nc = W_c.size(0), nx = W_x.size(0);
   check_shape(g, {d}, "the norm's weight");
   check_shape(W_c, {nc, d}, "W_c");
   check_shape(W_x, {nx, d}, "W_x");
+  const Tensor b_c = gate_biases(b_c_, nc, "b_c"), b_x = gate_biases(b_x_, nx, "b_x");
   std::vector<int64_t> rows(x.sizes().begin(), x.sizes().end() - 1);
   auto with_last = [&](int64_t k) { auto shape = rows; shape.push_back(k); return shape; };
-  Tensor c = at::empty_like(x), l_c = at::empty(with_last(nc), x.options()), l_x = at::empty(with_last(nx), x.options());
+  Tensor c = at::empty_like(x), y_c = at::empty(with_last(nc), x.options()), y_x = at::empty(with_last(nx), x.options());
   Tensor rho = at::empty(with_last(1), x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "ddl_delta::norm_forward", [&] {
-    norm_forward_loop<scalar_t>(ptr<scalar_t>(x), ptr<scalar_t>(g), ptr<scalar_t>(W_c), ptr<scalar_t>(W_x), eps,
-                                c.data_ptr<scalar_t>(), l_c.data_ptr<scalar_t>(), l_x.data_ptr<scalar_t>(),
+    norm_forward_loop<scalar_t>(ptr<scalar_t>(x), ptr<scalar_t>(g), ptr<scalar_t>(W_c), ptr<scalar_t>(W_x),
+                                make_gate<scalar_t>(b_c, s_c), make_gate<scalar_t>(b_x, s_x), eps,
+                                c.data_ptr<scalar_t>(), y_c.data_ptr<scalar_t>(), y_x.data_ptr<scalar_t>(),
                                 rho.data_ptr<scalar_t>(), N, nc, nx, d);
   });
-  return {c, l_c, l_x, rho};
+  return {c, y_c, y_x, rho};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> norm_backward(const Tensor& g_c_, const Tensor& g_lc_, const Tensor& g_lx_,
-                                                         const Tensor& x_, const Tensor& g_, const Tensor& W_c_,
-                                                         const Tensor& W_x_, const Tensor& rho_) {
-  const Tensor g_c = g_c_.contiguous(), g_lc = g_lc_.contiguous(), g_lx = g_lx_.contiguous(), x = x_.contiguous();
+// The gates' outputs y_c, y_x are norm_forward's (their activations' derivatives are taken from them); b_c, b_x the
+// same biases or none. dL/db_c, dL/db_x are empty for an ungated map.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> norm_backward(
+    const Tensor& g_c_, const Tensor& g_yc_, const Tensor& g_yx_, const Tensor& x_, const Tensor& g_, const Tensor& W_c_,
+    const Tensor& W_x_, const std::optional<Tensor>& b_c_, const std::optional<Tensor>& b_x_, double s_c, double s_x,
+    const Tensor& rho_, const Tensor& y_c_, const Tensor& y_x_) {
+  const Tensor g_c = g_c_.contiguous(), g_yc = g_yc_.contiguous(), g_yx = g_yx_.contiguous(), x = x_.contiguous();
   const Tensor g = g_.contiguous(), W_c = W_c_.contiguous(), W_x = W_x_.contiguous(), rho = rho_.contiguous();
+  const Tensor y_c = y_c_.contiguous(), y_x = y_x_.contiguous();
   const int64_t d = x.size(-1), N = x.numel() / d, nc = W_c.size(0), nx = W_x.size(0);
   check_shape(g, {d}, "the norm's weight");
   check_shape(W_c, {nc, d}, "W_c");
   check_shape(W_x, {nx, d}, "W_x");
   check_shape(g_c, x.sizes(), "dL/dc");
-  check_rows(g_lc, N, nc, "dL/dl_c");
-  check_rows(g_lx, N, nx, "dL/dl_x");
+  check_rows(g_yc, N, nc, "dL/dy_c");
+  check_rows(g_yx, N, nx, "dL/dy_x");
+  check_rows(y_c, N, nc, "y_c");
+  check_rows(y_x, N, nx, "y_x");
   check_rows(rho, N, 1, "rho");
+  const Tensor b_c = gate_biases(b_c_, nc, "b_c"), b_x = gate_biases(b_x_, nx, "b_x");
   Tensor g_x = at::empty_like(x), sums;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "ddl_delta::norm_backward", [&] {
-    sums = sum_over_tokens<scalar_t>(N, {(1 + nc + nx) * d}, x, [&](int64_t first, int64_t last, scalar_t* partials) {
-      norm_backward_loop<scalar_t>(ptr<scalar_t>(g_c), ptr<scalar_t>(g_lc), ptr<scalar_t>(g_lx), ptr<scalar_t>(x),
+    sums = sum_over_tokens<scalar_t>(N, {(1 + nc + nx) * d + nc + nx}, x,
+                                     [&](int64_t first, int64_t last, scalar_t* partials) {
+      norm_backward_loop<scalar_t>(ptr<scalar_t>(g_c), ptr<scalar_t>(g_yc), ptr<scalar_t>(g_yx), ptr<scalar_t>(x),
                                    ptr<scalar_t>(g), ptr<scalar_t>(W_c), ptr<scalar_t>(W_x), ptr<scalar_t>(rho),
-                                   g_x.data_ptr<scalar_t>(), partials, first, last, nc, nx, d);
+                                   ptr<scalar_t>(y_c), ptr<scalar_t>(y_x), make_gate<scalar_t>(b_c, s_c),
+                                   make_gate<scalar_t>(b_x, s_x), g_x.data_ptr<scalar_t>(), partials, first, last, nc,
+                                   nx, d);
     });
   });
+  const int64_t biases = (1 + nc + nx) * d;
   return {g_x, sums.narrow(0, 0, d).clone(), sums.narrow(0, d, nc * d).view({nc, d}).clone(),
-          sums.narrow(0, (1 + nc) * d, nx * d).view({nx, d}).clone()};
+          sums.narrow(0, (1 + nc) * d, nx * d).view({nx, d}).clone(),
+          sums.narrow(0, biases, b_c.defined() ? nc : 0).clone(),
+          sums.narrow(0, biases + nc, b_x.defined() ? nx : 0).clone()};
 }
 
 }  // namespace
@@ -834,9 +875,11 @@ TORCH_LIBRARY(ddl_delta, m) {
   m.def("rank_one_backward(Tensor g, Tensor w, Tensor h, Tensor A) -> (Tensor, Tensor, Tensor)");
   m.def("expand_forward(Tensor x, Tensor E) -> Tensor");
   m.def("expand_backward(Tensor g, Tensor x, Tensor E) -> (Tensor, Tensor)");
-  m.def("norm_forward(Tensor x, Tensor g, Tensor W_c, Tensor W_x, float eps) -> (Tensor, Tensor, Tensor, Tensor)");
-  m.def("norm_backward(Tensor g_c, Tensor g_lc, Tensor g_lx, Tensor x, Tensor g, Tensor W_c, Tensor W_x, Tensor rho)"
-        " -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("norm_forward(Tensor x, Tensor g, Tensor W_c, Tensor W_x, Tensor? b_c, Tensor? b_x, float s_c, float s_x,"
+        " float eps) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("norm_backward(Tensor g_c, Tensor g_yc, Tensor g_yx, Tensor x, Tensor g, Tensor W_c, Tensor W_x, Tensor? b_c,"
+        " Tensor? b_x, float s_c, float s_x, Tensor rho, Tensor y_c, Tensor y_x)"
+        " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(ddl_delta, CPU, m) {

@@ -1,7 +1,8 @@
 """The fused ops' loops as PyTorch ops, for any device: what cpu.cpp does on CPU, op by op.
 
 The same functions and signatures as cpu.cpp's ops (its header has the symbols), each a few
-passes of dot products and multiply-adds; and norm_projections, the plain form of that fused op.
+passes of dot products and multiply-adds; and norm_projections, the plain form of that fused op, with
+its gates' activation (gate).
 """
 
 from __future__ import annotations
@@ -164,10 +165,17 @@ def expand_backward(g, x, E):
     return g_x, g_E
 
 
-def norm_projections(x, weight, W_c, W_x, eps: float):
-    """(c, c W_c^T, x W_x^T) with c = rms_norm(x) * weight: the plain form, which autograd differentiates."""
+def norm_projections(x, weight, W_c, W_x, eps: float, b_c=None, b_x=None, s_c: float = 1.0, s_x: float = 1.0):
+    """(c, gate(c W_c^T, b_c, s_c), gate(x W_x^T, b_x, s_x)) with c = rms_norm(x) * weight: the plain form, which
+    autograd differentiates."""
     c = F.rms_norm(x, x.shape[-1:], weight.to(x.dtype), eps)
-    return c, F.linear(c, W_c), F.linear(x, W_x)
+    return c, gate(F.linear(c, W_c), b_c, s_c), gate(F.linear(x, W_x), b_x, s_x)
+
+
+def gate(l, b, s: float):
+    """A gate's activation of its map l: s sigmoid(l + b) in at least fp32 where it has biases b (beta = 2 sigmoid(.),
+    v = s sigmoid(.)), else l itself (b None: the MLP estimator's hidden layer)."""
+    return l if b is None else s * torch.sigmoid(l.to(torch.promote_types(l.dtype, torch.float32)) + b)
 
 
 def _ahead(g: torch.Tensor, lag: int) -> torch.Tensor:

@@ -96,9 +96,12 @@ def _register_fakes() -> None:
         "rank_one_backward": lambda g, w, h, A: (new(w), new(h), new(A)),
         "expand_forward": lambda x, E: new(x, x.shape[:2] + E.shape[:2]),
         "expand_backward": lambda g, x, E: (new(x), new(E)),
-        "norm_forward": lambda x, g, W_c, W_x, eps: (new(x), new(x, x.shape[:-1] + W_c.shape[:1]),
-                                                     new(x, x.shape[:-1] + W_x.shape[:1]), new(x, x.shape[:-1] + (1,))),
-        "norm_backward": lambda g_c, g_lc, g_lx, x, g, W_c, W_x, rho: (new(x), new(g), new(W_c), new(W_x)),
+        "norm_forward": lambda x, g, W_c, W_x, b_c, b_x, s_c, s_x, eps: (
+            new(x), new(x, x.shape[:-1] + W_c.shape[:1]), new(x, x.shape[:-1] + W_x.shape[:1]),
+            new(x, x.shape[:-1] + (1,))),
+        "norm_backward": lambda g_c, g_yc, g_yx, x, g, W_c, W_x, b_c, b_x, s_c, s_x, rho, y_c, y_x: (
+            new(x), new(g), new(W_c), new(W_x), new(x, (0,) if b_c is None else b_c.shape),
+            new(x, (0,) if b_x is None else b_x.shape)),
     }
     for name, fake in fakes.items():
         torch.library.register_fake(f"ddl_delta::{name}")(fake)

@@ -492,9 +492,26 @@ def _write_taps_kernel(g_next, X, h_a, w_a, h, beta, v, rho, q, partials, sXn, s
 # ---- a sublayer's RMSNorm with the gates' maps of its output and input (norm_projections): one row a program ----
 
 @triton.jit
-def _norm_forward_kernel(x, g, W_c, W_x, c, l_c, l_x, rho, eps, nc, nx, d, BLOCK_C: tl.constexpr,
-                         BLOCK_X: tl.constexpr, BLOCK_D: tl.constexpr):
-    """c = x rho g, rho = 1/sqrt(mean(x^2) + eps); l_c = c W_c^T and l_x = x W_x^T from the fp32 c and x."""
+def _gate_forward(l, b, k, in_k, s, GATED: tl.constexpr):
+    """A gate's activation of its map l (see C++ Gate): s sigmoid(l + b) where GATED, else l."""
+    if GATED:
+        return s * tl.sigmoid(l + tl.load(b + k, mask=in_k, other=0.0).to(tl.float32))
+    return l
+
+
+@triton.jit
+def _gate_backward(g_y, y, s, GATED: tl.constexpr):
+    """dL/dl from dL/dy and the gate's output y: y (1 - y / s) where GATED."""
+    if GATED:
+        return g_y * y * (1.0 - y / s)
+    return g_y
+
+
+@triton.jit
+def _norm_forward_kernel(x, g, W_c, W_x, b_c, b_x, s_c, s_x, c, y_c, y_x, rho, eps, nc, nx, d, GATED_C: tl.constexpr,
+                         GATED_X: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_D: tl.constexpr):
+    """c = x rho g, rho = 1/sqrt(mean(x^2) + eps); y_c = gate_c(c W_c^T) and y_x = gate_x(x W_x^T) from the fp32 c
+    and x."""
     n, i, in_d = _token_row(d, BLOCK_D)
     x_n = _vec(x, n, i, in_d, d)
     r = 1.0 / tl.sqrt(tl.sum(x_n * x_n) / d + eps)
@@ -503,16 +520,20 @@ def _norm_forward_kernel(x, g, W_c, W_x, c, l_c, l_x, rho, eps, nc, nx, d, BLOCK
     tl.store(rho + n, r)
     kc, kx = tl.arange(0, BLOCK_C), tl.arange(0, BLOCK_X)
     W_cn = tl.load(W_c + kc[:, None] * d + i[None, :], mask=(kc < nc)[:, None] & in_d[None, :], other=0.0)
-    tl.store(l_c + n * nc + kc, tl.sum(W_cn.to(tl.float32) * c_n[None, :], axis=1), mask=kc < nc)
+    l_c = tl.sum(W_cn.to(tl.float32) * c_n[None, :], axis=1)
+    tl.store(y_c + n * nc + kc, _gate_forward(l_c, b_c, kc, kc < nc, s_c, GATED_C), mask=kc < nc)
     W_xn = tl.load(W_x + kx[:, None] * d + i[None, :], mask=(kx < nx)[:, None] & in_d[None, :], other=0.0)
-    tl.store(l_x + n * nx + kx, tl.sum(W_xn.to(tl.float32) * x_n[None, :], axis=1), mask=kx < nx)
+    l_x = tl.sum(W_xn.to(tl.float32) * x_n[None, :], axis=1)
+    tl.store(y_x + n * nx + kx, _gate_forward(l_x, b_x, kx, kx < nx, s_x, GATED_X), mask=kx < nx)
 
 
 @triton.jit
-def _norm_backward_kernel(g_c, g_lc, g_lx, x, g, W_c, W_x, rho, g_x, partials, N, nc, nx, d, TOKENS: tl.constexpr,
+def _norm_backward_kernel(g_c, g_yc, g_yx, x, g, W_c, W_x, rho, y_c, y_x, s_c, s_x, g_x, partials, bias_partials, N,
+                          nc, nx, d, TOKENS: tl.constexpr, GATED_C: tl.constexpr, GATED_X: tl.constexpr,
                           BLOCK_C: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_D: tl.constexpr):
     """dL/dx per token; this chunk's partial sums of dL/dg, dL/dW_c, dL/dW_x, stored (1 + nc + nx, d) at
-    partials[chunk]. With G = dL/dc + W_c^T dL/dl_c: dL/dx = rho G g - rho^3 x (G g . x) / d + W_x^T dL/dl_x."""
+    partials[chunk], and of the gates' dL/db_c, dL/db_x, (nc + nx) at bias_partials[chunk]. With a = dL/dl (through
+    the gates) and G = dL/dc + W_c^T a_c: dL/dx = rho G g - rho^3 x (G g . x) / d + W_x^T a_x."""
     i = tl.arange(0, BLOCK_D)
     in_d = i < d
     kc, kx = tl.arange(0, BLOCK_C), tl.arange(0, BLOCK_X)
@@ -523,12 +544,16 @@ def _norm_backward_kernel(g_c, g_lc, g_lx, x, g, W_c, W_x, rho, g_x, partials, N
     g_gain = tl.zeros((BLOCK_D,), dtype=tl.float32)
     g_Wc = tl.zeros((BLOCK_C, BLOCK_D), dtype=tl.float32)
     g_Wx = tl.zeros((BLOCK_X, BLOCK_D), dtype=tl.float32)
+    g_bc = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    g_bx = tl.zeros((BLOCK_X,), dtype=tl.float32)
     first = tl.program_id(0).to(tl.int64) * TOKENS
     for n in range(first, tl.minimum(first + TOKENS, N)):
         x_n = tl.load(x + n * d + i, mask=in_d, other=0.0).to(tl.float32)
         r = tl.load(rho + n).to(tl.float32)
-        a_c = tl.load(g_lc + n * nc + kc, mask=kc < nc, other=0.0).to(tl.float32)
-        a_x = tl.load(g_lx + n * nx + kx, mask=kx < nx, other=0.0).to(tl.float32)
+        a_c = _gate_backward(tl.load(g_yc + n * nc + kc, mask=kc < nc, other=0.0).to(tl.float32),
+                             tl.load(y_c + n * nc + kc, mask=kc < nc, other=0.0).to(tl.float32), s_c, GATED_C)
+        a_x = _gate_backward(tl.load(g_yx + n * nx + kx, mask=kx < nx, other=0.0).to(tl.float32),
+                             tl.load(y_x + n * nx + kx, mask=kx < nx, other=0.0).to(tl.float32), s_x, GATED_X)
         G = tl.load(g_c + n * d + i, mask=in_d, other=0.0).to(tl.float32) + tl.sum(a_c[:, None] * W_cn, axis=0)
         slope = -r * r * r * tl.sum(G * gain * x_n) / d
         g_x_n = r * G * gain + slope * x_n + tl.sum(a_x[:, None] * W_xn, axis=0)
@@ -536,10 +561,15 @@ def _norm_backward_kernel(g_c, g_lc, g_lx, x, g, W_c, W_x, rho, g_x, partials, N
         g_gain += G * x_n * r
         g_Wc += (a_c * r)[:, None] * (x_n * gain)[None, :]
         g_Wx += a_x[:, None] * x_n[None, :]
-    rows = partials + tl.program_id(0).to(tl.int64) * (1 + nc + nx) * d
+        g_bc += a_c
+        g_bx += a_x
+    chunk = tl.program_id(0).to(tl.int64)
+    rows = partials + chunk * (1 + nc + nx) * d
     tl.store(rows + i, g_gain, mask=in_d)
     tl.store(rows + (1 + kc[:, None]) * d + i[None, :], g_Wc, mask=in_c)
     tl.store(rows + (1 + nc + kx[:, None]) * d + i[None, :], g_Wx, mask=in_x)
+    tl.store(bias_partials + chunk * (nc + nx) + kc, g_bc, mask=kc < nc)
+    tl.store(bias_partials + chunk * (nc + nx) + nc + kx, g_bx, mask=kx < nx)
 
 
 # ---- the ops ----
@@ -804,41 +834,59 @@ def _norm_outputs(x: torch.Tensor, W_c: torch.Tensor, W_x: torch.Tensor, c_dtype
 
 
 @custom_op("ddl_triton::norm_forward", mutates_args=())
-def norm_forward(x: torch.Tensor, g: torch.Tensor, W_c: torch.Tensor, W_x: torch.Tensor, eps: float,
+def norm_forward(x: torch.Tensor, g: torch.Tensor, W_c: torch.Tensor, W_x: torch.Tensor, b_c: Optional[torch.Tensor],
+                 b_x: Optional[torch.Tensor], s_c: float, s_x: float, eps: float,
                  c_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """c (in c_dtype), l_c, l_x, rho (at least fp32) of a sublayer's norm and its gates' maps (see C++ norm_forward)."""
+    """c (in c_dtype), y_c, y_x, rho (at least fp32) of a sublayer's norm and its gates (see C++ norm_forward)."""
     x, g, W_c, W_x = (t.contiguous() for t in (x, g, W_c, W_x))
     d = x.size(-1)
-    c, l_c, l_x, rho = outputs = _norm_outputs(x, W_c, W_x, c_dtype)
-    _norm_forward_kernel[(x.numel() // d,)](x, g, W_c, W_x, c, l_c, l_x, rho, eps, W_c.size(0), W_x.size(0), d,
+    c, y_c, y_x, rho = outputs = _norm_outputs(x, W_c, W_x, c_dtype)
+    _norm_forward_kernel[(x.numel() // d,)](x, g, W_c, W_x, _gate_biases(b_c, W_c), _gate_biases(b_x, W_x), s_c, s_x,
+                                            c, y_c, y_x, rho, eps, W_c.size(0), W_x.size(0), d,
+                                            GATED_C=b_c is not None, GATED_X=b_x is not None,
                                             **_norm_blocks(W_c, W_x, d), num_warps=NORM_WARPS)
     return outputs
 
 
 @norm_forward.register_fake
-def _(x, g, W_c, W_x, eps, c_dtype):
+def _(x, g, W_c, W_x, b_c, b_x, s_c, s_x, eps, c_dtype):
     return _norm_outputs(x, W_c, W_x, c_dtype)
 
 
+def _gate_biases(b: Optional[torch.Tensor], ungated: torch.Tensor) -> torch.Tensor:
+    """A gate's biases for the kernel; an ungated map's pointer is never read (`ungated` stands in)."""
+    return ungated if b is None else b.contiguous()
+
+
 @custom_op("ddl_triton::norm_backward", mutates_args=())
-def norm_backward(g_c: torch.Tensor, g_lc: torch.Tensor, g_lx: torch.Tensor, x: torch.Tensor, g: torch.Tensor,
-                  W_c: torch.Tensor, W_x: torch.Tensor,
-                  rho: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dL/dx, dL/dg, dL/dW_c, dL/dW_x (fp32 sums over tokens, by chunks in order) of norm_forward."""
-    g_c, g_lc, g_lx, x, g, W_c, W_x, rho = (t.contiguous() for t in (g_c, g_lc, g_lx, x, g, W_c, W_x, rho))
+def norm_backward(g_c: torch.Tensor, g_yc: torch.Tensor, g_yx: torch.Tensor, x: torch.Tensor, g: torch.Tensor,
+                  W_c: torch.Tensor, W_x: torch.Tensor, b_c: Optional[torch.Tensor], b_x: Optional[torch.Tensor],
+                  s_c: float, s_x: float, rho: torch.Tensor, y_c: torch.Tensor,
+                  y_x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                              torch.Tensor]:
+    """dL/dx, dL/dg, dL/dW_c, dL/dW_x, dL/db_c, dL/db_x (fp32 sums over tokens, by chunks in order; a bias's empty
+    where its map is ungated) of norm_forward."""
+    g_c, g_yc, g_yx, x, g, W_c, W_x, rho, y_c, y_x = (t.contiguous()
+                                                      for t in (g_c, g_yc, g_yx, x, g, W_c, W_x, rho, y_c, y_x))
     d, nc, nx = x.size(-1), W_c.size(0), W_x.size(0)
     N = x.numel() // d
     chunks = triton.cdiv(N, NORM_TOKENS_PER_CHUNK)
     g_x = x.new_empty(x.shape)
     partials = x.new_empty(chunks, 1 + nc + nx, d, dtype=torch.float32)
-    _norm_backward_kernel[(chunks,)](g_c, g_lc, g_lx, x, g, W_c, W_x, rho, g_x, partials, N, nc, nx, d,
-                                     TOKENS=NORM_TOKENS_PER_CHUNK, **_norm_blocks(W_c, W_x, d), num_warps=NORM_WARPS)
-    return g_x, partials[:, 0].sum(0), partials[:, 1:1 + nc].sum(0), partials[:, 1 + nc:].sum(0)
+    bias_partials = x.new_empty(chunks, nc + nx, dtype=torch.float32)
+    _norm_backward_kernel[(chunks,)](g_c, g_yc, g_yx, x, g, W_c, W_x, rho, y_c, y_x, s_c, s_x, g_x, partials,
+                                     bias_partials, N, nc, nx, d, TOKENS=NORM_TOKENS_PER_CHUNK,
+                                     GATED_C=b_c is not None, GATED_X=b_x is not None, **_norm_blocks(W_c, W_x, d),
+                                     num_warps=NORM_WARPS)
+    g_b = bias_partials.sum(0)
+    return (g_x, partials[:, 0].sum(0), partials[:, 1:1 + nc].sum(0), partials[:, 1 + nc:].sum(0),
+            g_b[:nc if b_c is not None else 0].clone(), g_b[nc:nc + (nx if b_x is not None else 0)].clone())
 
 
 @norm_backward.register_fake
-def _(g_c, g_lc, g_lx, x, g, W_c, W_x, rho):
-    return (x.new_empty(x.shape), *(t.new_empty(t.shape, dtype=torch.float32) for t in (g, W_c, W_x)))
+def _(g_c, g_yc, g_yx, x, g, W_c, W_x, b_c, b_x, s_c, s_x, rho, y_c, y_x):
+    return (x.new_empty(x.shape), *(t.new_empty(t.shape, dtype=torch.float32) for t in (g, W_c, W_x)),
+            *(x.new_empty(0 if b is None else b.shape, dtype=torch.float32) for b in (b_c, b_x)))
 
 
 @triton_op("ddl_triton::read_forward", mutates_args=())
