@@ -66,7 +66,17 @@ def computing(loops, acc: torch.dtype, *tensors: torch.Tensor) -> list[torch.Ten
 def autocast_off(device: str):
     """torch.autocast(device, enabled=False) where autocast is on, else nothing to leave: entering one costs tens of
     microseconds, a dispatch-bound step's worth over its hundreds of op calls."""
-    return torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else contextlib.nullcontext()
+    return torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else _NOTHING
+
+
+_NOTHING = contextlib.nullcontext()
+
+
+def loops_autocast_off(loops, t: torch.Tensor):
+    """What `loops` run under for tensors like t: autocast off for the PyTorch-op loops, whose matmuls it would
+    recast; nothing for the C++ and Triton ops, which autocast does not touch (each check costs a dispatch-bound
+    step)."""
+    return autocast_off(t.device.type) if loops is eager else _NOTHING
 
 
 def state_dtype(setting: str, x: torch.Tensor) -> torch.dtype:
@@ -137,10 +147,11 @@ class FusedDeltaUpdate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, X, h, beta, v, k_eps: float):
         ctx.loops = loops = loops_for(X)
-        with autocast_off(X.device.type):
+        with loops_autocast_off(loops, X):
             inputs = computing(loops, at_least_fp32(X.dtype), X, h, beta, v)
             X_new, w, rho, q = loops.update_forward(*inputs, k_eps ** 2)
         ctx.save_for_backward(*inputs, rho, q)
+        ctx.set_materialize_grads(False)                             # w's gradient, None where unused (d_v = 1)
         ctx.dtypes = (X.dtype, h.dtype, beta.dtype, v.dtype)
         return cast(X_new, X.dtype), w
 
@@ -150,10 +161,11 @@ class FusedDeltaUpdate(torch.autograd.Function):
 
 
 def _update_backward(ctx, G, g_w) -> list[torch.Tensor]:
-    """The gradients of an update's X, k~, beta, v (each in its input's dtype) from what the forward saved."""
+    """The gradients of an update's X, k~, beta, v (each in its input's dtype) from what the forward saved
+    (g_w None: w unused)."""
     X, *_ = saved = ctx.saved_tensors
-    with autocast_off(G.device.type):
-        G, = computing(ctx.loops, X.dtype, G)
+    with loops_autocast_off(ctx.loops, X):
+        G, = computing(ctx.loops, X.dtype, X.new_zeros(()).expand(X.shape) if G is None else G)
         grads = ctx.loops.update_backward(G, g_w, *saved)
     return [cast(g, dtype) for g, dtype in zip(grads, ctx.dtypes, strict=True)]
 
@@ -167,7 +179,7 @@ class DeltaKey(torch.autograd.Function):
     @staticmethod
     def forward(ctx, X, h, beta, v, k_eps: float):
         ctx.loops = loops = loops_for(X)
-        with autocast_off(X.device.type):
+        with loops_autocast_off(loops, X):
             inputs = computing(loops, at_least_fp32(X.dtype), X, h, beta, v)
             w, rho, q = loops.key_forward(*inputs, k_eps ** 2)
         ctx.save_for_backward(*inputs, rho, q)
@@ -191,7 +203,7 @@ class DeltaWrite(torch.autograd.Function):
     def forward(ctx, handle, X, h_a, w_a, h, beta, v, A, k_eps: float, store_state: bool):
         ctx.loops = loops = loops_for(X)
         acc = at_least_fp32(X.dtype)
-        with autocast_off(X.device.type):
+        with loops_autocast_off(loops, X):
             inputs = computing(loops, acc, X, h_a, w_a, h, beta, v, A)
             X_out, w, rho, q, x_next = loops.write_forward(*inputs, k_eps ** 2, store_state)
         ctx.save_for_backward(*inputs[:-1], rho, q, inputs[-1])      # write_backward's order: ..., rho, q, A
@@ -205,7 +217,7 @@ class DeltaWrite(torch.autograd.Function):
         X, *_ = saved = ctx.saved_tensors
         loops = ctx.loops
         G = None if G is not None and G.numel() == 0 else G          # the unstored state's (compiled: zeros)
-        with autocast_off(X.device.type):
+        with loops_autocast_off(loops, X):
             G, g_next = (None if g is None else computing(loops, X.dtype, g)[0] for g in (G, g_next))
             if g_next is None:
                 g_next = X.new_zeros(X.shape[:2] + X.shape[3:], dtype=at_least_fp32(X.dtype))
@@ -223,7 +235,7 @@ class FusedDeltaSteps(torch.autograd.Function):
     @staticmethod
     def forward(ctx, X, k_eps: float, *steps):
         ctx.loops = loops = loops_for(X)
-        with autocast_off(X.device.type):
+        with loops_autocast_off(loops, X):
             X_acc, *inputs = computing(loops, at_least_fp32(X.dtype), X, *steps)
             X_new, w, rho, q = loops.update_steps_forward(X_acc, *_by_kind(inputs), k_eps ** 2)
         ctx.save_for_backward(X_acc, *inputs, rho, q)
@@ -234,7 +246,7 @@ class FusedDeltaSteps(torch.autograd.Function):
     def backward(ctx, G, g_w):
         X, *inputs, rho, q = ctx.saved_tensors
         loops = ctx.loops
-        with autocast_off(G.device.type):
+        with loops_autocast_off(loops, X):
             G, = computing(loops, X.dtype, G)
             g_X, g_h, g_beta, g_v = loops.update_steps_backward(G, g_w, X, *_by_kind(inputs), rho, q)
         grads = [g_X] + [g for s in range(g_h.size(2)) for g in (g_h[:, :, s], g_beta[:, :, s, None], g_v[:, :, s])]
@@ -264,14 +276,14 @@ def _keeping_inputs(name: str, op: str, doc: str) -> type[torch.autograd.Functio
     def forward(ctx, *inputs):
         ctx.loops = loops = loops_for(inputs[0])
         ctx.dtypes = [t.dtype for t in inputs]
-        with autocast_off(inputs[0].device.type):
+        with loops_autocast_off(loops, inputs[0]):
             inputs = computing(loops, at_least_fp32(inputs[0].dtype), *inputs)
             ctx.save_for_backward(*inputs)
             return getattr(loops, f"{op}_forward")(*inputs)
 
     def backward(ctx, g):
         saved = ctx.saved_tensors
-        with autocast_off(g.device.type):
+        with loops_autocast_off(ctx.loops, g):
             g, = computing(ctx.loops, at_least_fp32(saved[0].dtype), g)
             grads = getattr(ctx.loops, f"{op}_backward")(g, *saved)
         return tuple(cast(grad, dtype) for grad, dtype in zip(grads, ctx.dtypes, strict=True))
