@@ -365,7 +365,7 @@ def _kernel_calls(device, size: str) -> tuple[dict, dict, tuple]:
              "norm_forward": (x, gain, W_c, W_x, *gates, 1e-5, bf16),
              "norm_backward": (h, g[..., :1], g[..., :dv], x, gain, W_c, W_x, *gates, rho_n, y_c, y_x),
              "rank_one_forward": (w, h, A), "rank_one_backward": (g, w, h, A)}
-    return {"B": B, "T": T, "dv": dv, "d": d, "L": L}, calls, (x, gain, W_c, W_x, b_c, b_x)
+    return {"B": B, "T": T, "dv": dv, "d": d, "L": L}, calls, (x, gain, W_c, W_x, *gates)
 
 
 def _timed(fn, *args, on_gpu: bool) -> float:
@@ -398,7 +398,7 @@ def _nbytes(tree) -> int:
     return sum(t.numel() * t.element_size() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
 
 
-def norm_step(device, x, gain, W_c, W_x, b_c, b_x, timed, compile_backend: str) -> dict:
+def norm_step(device, x, gain, W_c, W_x, b_c, b_x, s_c, s_x, timed, compile_backend: str) -> dict:
     """A sublayer's norm and gates forward and backward (bf16 autocast): the fused op against the plain ops compiled
     by `compile_backend` (inductor, unless told), microseconds."""
     import torch
@@ -408,7 +408,7 @@ def norm_step(device, x, gain, W_c, W_x, b_c, b_x, timed, compile_backend: str) 
     def step(fn):
         x_, gain_, W_c_, W_x_, b_c_, b_x_ = (t.detach().requires_grad_() for t in (x, gain, W_c, W_x, b_c, b_x))
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            c, y_c, y_x = fn(x_, gain_, W_c_, W_x_, 1e-5, b_c_, b_x_, 2.0, 4.0)
+            c, y_c, y_x = fn(x_, gain_, W_c_, W_x_, 1e-5, b_c_, b_x_, s_c, s_x)
         (c.float().sum() + y_c.sum() + y_x.sum()).backward()
 
     compiled = torch.compile(eager.norm_projections, fullgraph=True, backend=compile_backend)
