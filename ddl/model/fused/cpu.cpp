@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <initializer_list>
 #include <optional>
 #include <tuple>
@@ -29,6 +30,37 @@ inline T dot(const T* __restrict__ a, const T* __restrict__ b, int64_t n) {
 #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
+}
+
+// Explicit SIMD through the compiler's vector extension (GCC, Clang): Vec<T> is 64 bytes of T, one AVX-512 register or
+// two AVX2 ones. simd_for(d, body) runs body(i, Lanes<U>{}) over a row, U = Vec<T> for whole vectors from i, then
+// U = T for the remainder: one body written for both, with load<U>/store and scalars broadcast in arithmetic. A body
+// keeps its values in registers across a loop the compiler would not vectorise (over lags, over channels).
+template <typename T>
+struct VectorOf { typedef T type __attribute__((vector_size(64))); };
+
+template <typename T>
+using Vec = typename VectorOf<T>::type;
+
+template <typename U>
+struct Lanes { using type = U; };
+
+template <typename U, typename T>
+inline U load(const T* p) {
+  U u;
+  std::memcpy(&u, p, sizeof u);
+  return u;
+}
+
+template <typename U, typename T>
+inline void store(T* p, const U& u) { std::memcpy(p, &u, sizeof u); }
+
+template <typename T, typename F>
+inline void simd_for(int64_t d, const F& body) {
+  constexpr int64_t W = sizeof(Vec<T>) / sizeof(T);
+  int64_t i = 0;
+  for (; i + W <= d; i += W) body(i, Lanes<Vec<T>>{});
+  for (; i < d; ++i) body(i, Lanes<T>{});
 }
 
 // At one lag of a depthwise conv over T with output y: the input's gradient out += taps * y and
@@ -133,17 +165,17 @@ inline void update_token_backward(const T* G, const T* g_w, const T* X, const T*
   }
   *g_beta = g_b;
   const T g_kr = -g_r * r * r * r;                            // through rho = (|k~|^2 + eps^2)^(-1/2): -rho^3 k~
-#pragma omp simd
-  for (int64_t i = 0; i < d; ++i) g_k[i] = g_kr * k[i];
-  for (int64_t j = 0; j < dv; ++j) {
-    const T *Gj = G + j * d, *Xj = X + j * d, wj = w[j], gqj = g_q[j];
-    T* gXj = g_X + j * d;
-#pragma omp simd
-    for (int64_t i = 0; i < d; ++i) {
-      g_k[i] += wj * Gj[i] + gqj * Xj[i];                     // before g_X: g_X may be G
-      gXj[i] = Gj[i] + gqj * k[i];
+  simd_for<T>(d, [&](int64_t i, auto lanes) {                 // dL/dk~ in registers across the channels
+    using U = typename decltype(lanes)::type;
+    const U ki = load<U>(k + i);
+    U gk = g_kr * ki;
+    for (int64_t j = 0; j < dv; ++j) {
+      const U Gj = load<U>(G + j * d + i);
+      gk += w[j] * Gj + g_q[j] * load<U>(X + j * d + i);
+      store(g_X + j * d + i, Gj + g_q[j] * ki);                // after reading G: g_X may be G
     }
-  }
+    store(g_k + i, gk);
+  });
 }
 
 template <typename T>
@@ -222,17 +254,27 @@ void write_backward_loop(const T* G, const T* g_w, const T* g_next, const T* X, 
                          const T* beta, const T* v, const T* rho, const T* q, const T* A, T* G_mid, T* g_h, T* g_beta,
                          T* g_v, T* g_A, int64_t first, int64_t last, int64_t T_, int64_t L, int64_t dv, int64_t d) {
   const int64_t row = dv * d;
-  std::vector<T> mid(row), out(row), G_tot(row), w(dv), g_q(dv), w_new(dv);
+  std::vector<T> mid(row), G_tot(row), w(dv), g_q(dv), w_new(dv);
   for (int64_t n = first; n < last; ++n) {
-    add_writes(X + n * row, {{w_a + n * dv, h_a + n * d}}, mid.data(), dv, d);
     for (int64_t j = 0; j < dv; ++j) w_new[j] = write_coefficient(beta[n], rho[n], v[n * dv + j], q[n * dv + j]);
-    add_writes(mid.data(), {{w_new.data(), h + n * d}}, out.data(), dv, d);
-    if (G) std::copy(G + n * row, G + (n + 1) * row, G_tot.begin());
-    else std::fill(G_tot.begin(), G_tot.end(), T(0));
-    for (int64_t lag = 0; lag < std::min(L, T_ - n % T_); ++lag)  // X_out[n] feeds the reads at n .. n + L - 1
-      for (int64_t j = 0; j < dv; ++j)
-        conv_grads_at_lag(G_tot.data() + j * d, g_A + (lag * dv + j) * d, A + (lag * dv + j) * d, out.data() + j * d,
-                          g_next + (n + lag) * d, d);
+    const int64_t lags = std::min(L, T_ - n % T_);            // X_out[n] feeds the reads at n .. n + lags - 1
+    for (int64_t j = 0; j < dv; ++j) {
+      const T *Xj = X + n * row + j * d, *ka = h_a + n * d, *k = h + n * d, *Gj = G ? G + n * row + j * d : nullptr;
+      const T wa = w_a[n * dv + j], wn = w_new[j];
+      T *mj = mid.data() + j * d, *Gt = G_tot.data() + j * d;
+      simd_for<T>(d, [&](int64_t i, auto lanes) {             // X_mid, X_out and G_tot in registers across the lags
+        using U = typename decltype(lanes)::type;
+        const U m = load<U>(Xj + i) + wa * load<U>(ka + i), out = m + wn * load<U>(k + i);
+        U gt = Gj ? load<U>(Gj + i) : U{};
+        for (int64_t lag = 0; lag < lags; ++lag) {
+          const U gn = load<U>(g_next + (n + lag) * d + i);
+          T* ga = g_A + (lag * dv + j) * d + i;
+          gt += load<U>(A + (lag * dv + j) * d + i) * gn;
+          store(ga, load<U>(ga) + out * gn);
+        }
+        store(mj + i, m), store(Gt + i, gt);
+      });
+    }
     update_token_backward(G_tot.data(), g_w ? g_w + n * dv : nullptr, mid.data(), h + n * d, beta[n], v + n * dv,
                           rho[n], q + n * dv, G_mid + n * row, g_h + n * d, g_beta + n, g_v + n * dv, w.data(),
                           g_q.data(), dv, d);
