@@ -76,28 +76,40 @@ inline void conv_grads_at_lag(T* __restrict__ out, T* __restrict__ g_taps, const
 }
 
 // Sums over tokens (the taps' and the norm's weight gradients): body(first, last, partial) adds
-// tokens [first, last) into a zeroed partial of `shape`, per chunk of tokens, and the partials are
-// then summed in chunk order. The chunks depend on n alone, so the result is the same bits whatever
-// the thread count (a run resumed on another node continues the same curve).
+// tokens [first, last) into a zeroed partial, per chunk of tokens, and the partials are then summed
+// in chunk order into `sums`: contiguous tensors that lay out a partial one after another. The chunks
+// depend on n alone, so the result is the same bits whatever the thread count (a run resumed on
+// another node continues the same curve).
 template <typename T, typename F>
-Tensor sum_over_tokens(int64_t n, at::IntArrayRef shape, const Tensor& like, const F& body) {
+void sum_over_tokens(int64_t n, std::initializer_list<Tensor> sums, const Tensor& like, const F& body) {
   constexpr int64_t kTokensPerChunk = 256, kMaxChunks = 64;
   const int64_t chunks = std::clamp<int64_t>((n + kTokensPerChunk - 1) / kTokensPerChunk, 1, kMaxChunks);
-  std::vector<int64_t> partial_shape{chunks};
-  partial_shape.insert(partial_shape.end(), shape.begin(), shape.end());
-  Tensor partials = at::zeros(partial_shape, like.options()), total = at::empty(shape, like.options());
-  const int64_t size = total.numel();
-  T *base = partials.data_ptr<T>(), *out = total.data_ptr<T>();
+  int64_t size = 0;
+  for (const Tensor& sum : sums) size += sum.numel();
+  Tensor partials = at::zeros({chunks, size}, like.options());
+  T* base = partials.data_ptr<T>();
   at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) body(n * c / chunks, n * (c + 1) / chunks, base + c * size);
   });
-  at::parallel_for(0, size, 1024, [&](int64_t first, int64_t last) {
-    for (int64_t i = first; i < last; ++i) {
-      T s = 0;
-      for (int64_t c = 0; c < chunks; ++c) s += base[c * size + i];
-      out[i] = s;
-    }
-  });
+  int64_t offset = 0;
+  for (const Tensor& sum : sums) {
+    T* out = sum.data_ptr<T>();
+    at::parallel_for(0, sum.numel(), 1024, [&](int64_t first, int64_t last) {
+      for (int64_t i = first; i < last; ++i) {
+        T s = 0;
+        for (int64_t c = 0; c < chunks; ++c) s += base[c * size + offset + i];
+        out[i] = s;
+      }
+    });
+    offset += sum.numel();
+  }
+}
+
+// sum_over_tokens into one new tensor of `shape`.
+template <typename T, typename F>
+Tensor sum_over_tokens(int64_t n, at::IntArrayRef shape, const Tensor& like, const F& body) {
+  Tensor total = at::empty(shape, like.options());
+  sum_over_tokens<T>(n, {total}, like, body);
   return total;
 }
 
@@ -878,10 +890,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> norm_backward(
   check_rows(y_x, N, nx, "y_x");
   check_rows(rho, N, 1, "rho");
   const Tensor b_c = gate_biases(b_c_, nc, "b_c"), b_x = gate_biases(b_x_, nx, "b_x");
-  Tensor g_x = at::empty_like(x), sums;
+  Tensor g_x = at::empty_like(x), g_g = at::empty({d}, x.options()), g_Wc = at::empty({nc, d}, x.options());
+  Tensor g_Wx = at::empty({nx, d}, x.options()), g_bc = at::empty({nc}, x.options()), g_bx = at::empty({nx}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "ddl_delta::norm_backward", [&] {
-    sums = sum_over_tokens<scalar_t>(N, {(1 + nc + nx) * d + nc + nx}, x,
-                                     [&](int64_t first, int64_t last, scalar_t* partials) {
+    sum_over_tokens<scalar_t>(N, {g_g, g_Wc, g_Wx, g_bc, g_bx}, x, [&](int64_t first, int64_t last, scalar_t* partials) {
       norm_backward_loop<scalar_t>(ptr<scalar_t>(g_c), ptr<scalar_t>(g_yc), ptr<scalar_t>(g_yx), ptr<scalar_t>(x),
                                    ptr<scalar_t>(g), ptr<scalar_t>(W_c), ptr<scalar_t>(W_x), ptr<scalar_t>(rho),
                                    ptr<scalar_t>(y_c), ptr<scalar_t>(y_x), make_gate<scalar_t>(b_c, s_c),
@@ -889,11 +901,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> norm_backward(
                                    nx, d);
     });
   });
-  const int64_t biases = (1 + nc + nx) * d;
-  return {g_x, sums.narrow(0, 0, d).clone(), sums.narrow(0, d, nc * d).view({nc, d}).clone(),
-          sums.narrow(0, (1 + nc) * d, nx * d).view({nx, d}).clone(),
-          sums.narrow(0, biases, b_c.defined() ? nc : 0).clone(),
-          sums.narrow(0, biases + nc, b_x.defined() ? nx : 0).clone()};
+  auto gated = [&](const Tensor& b, const Tensor& g_b) { return b.defined() ? g_b : at::empty({0}, x.options()); };
+  return {g_x, g_g, g_Wc, g_Wx, gated(b_c, g_bc), gated(b_x, g_bx)};
 }
 
 }  // namespace
