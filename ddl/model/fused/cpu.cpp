@@ -32,12 +32,21 @@ inline T dot(const T* __restrict__ a, const T* __restrict__ b, int64_t n) {
   return s;
 }
 
-// Explicit SIMD through the compiler's vector extension (GCC, Clang): Vec<T> is 64 bytes of T, one AVX-512 register or
-// two AVX2 ones. simd_for(d, body) runs body(i, Lanes<U>{}) over a row, U = Vec<T> for whole vectors from i, then
-// U = T for the remainder: one body written for both, with load<U>/store and scalars broadcast in arithmetic. A body
-// keeps its values in registers across a loop the compiler would not vectorise (over lags, over channels).
+// Explicit SIMD through the compiler's vector extension (GCC, Clang): Vec<T> is one vector register of T for the
+// build's vector level (native.py's flags). simd_for(d, body) runs body(i, Lanes<U>{}) over a row, U = Vec<T> for
+// whole vectors from i, then U = T for the remainder: one body written for both, with load<U>/store and scalars
+// broadcast in arithmetic. A body keeps its values in registers across a loop the compiler would not vectorise (over
+// lags, over channels).
+#if defined(__AVX512F__)
+constexpr int kVectorBytes = 64;
+#elif defined(__AVX__)
+constexpr int kVectorBytes = 32;
+#else
+constexpr int kVectorBytes = 16;
+#endif
+
 template <typename T>
-struct VectorOf { typedef T type __attribute__((vector_size(64))); };
+struct VectorOf { typedef T type __attribute__((vector_size(kVectorBytes))); };
 
 template <typename T>
 using Vec = typename VectorOf<T>::type;
