@@ -122,9 +122,35 @@ Tensor sum_over_tokens(int64_t n, at::IntArrayRef shape, const Tensor& like, con
   return total;
 }
 
-// (dv,d,L) taps -> (L,dv,d): by lag, d contiguous.
-Tensor taps_by_lag(const Tensor& A) { return A.flip({-1}).permute({2, 0, 1}).contiguous(); }
-Tensor taps_from_lags(const Tensor& A_lag) { return A_lag.permute({1, 2, 0}).flip({-1}).contiguous(); }
+// (dv,d,L) taps -> (L,dv,d) in dtype: by lag (lag l is tap L-1-l), d contiguous. One pass, where flip, permute and
+// contiguous were three op calls and two copies: a dispatch-bound step makes four such calls a block.
+Tensor taps_by_lag(const Tensor& A, at::ScalarType dtype) {
+  const Tensor taps = A.to(dtype);
+  const int64_t dv = taps.size(0), d = taps.size(1), L = taps.size(2);
+  Tensor A_lag = at::empty({L, dv, d}, taps.options());
+  AT_DISPATCH_FLOATING_TYPES(dtype, "ddl_delta::taps_by_lag", [&] {
+    const auto tap = taps.accessor<scalar_t, 3>();
+    scalar_t* out = A_lag.data_ptr<scalar_t>();
+    for (int64_t lag = 0; lag < L; ++lag)
+      for (int64_t j = 0; j < dv; ++j)
+        for (int64_t i = 0; i < d; ++i) *out++ = tap[j][i][L - 1 - lag];
+  });
+  return A_lag;
+}
+
+// The taps' gradient by lag, (L,dv,d) contiguous, back to the taps' (dv,d,L).
+Tensor taps_from_lags(const Tensor& g_lag) {
+  const int64_t L = g_lag.size(0), dv = g_lag.size(1), d = g_lag.size(2);
+  Tensor g = at::empty({dv, d, L}, g_lag.options());
+  AT_DISPATCH_FLOATING_TYPES(g_lag.scalar_type(), "ddl_delta::taps_from_lags", [&] {
+    const scalar_t* by_lag = g_lag.data_ptr<scalar_t>();
+    scalar_t* out = g.data_ptr<scalar_t>();
+    for (int64_t j = 0; j < dv; ++j)
+      for (int64_t i = 0; i < d; ++i)
+        for (int64_t tap = 0; tap < L; ++tap) *out++ = by_lag[((L - 1 - tap) * dv + j) * d + i];
+  });
+  return g;
+}
 
 // ---- the loops, per token; n is the flat token index b*T + t ----
 
@@ -637,7 +663,7 @@ struct WriteInputs {
     for (const Tensor& t : {w_a, v}) check_shape(t, {B, T, dv}, "w_a, v");
     check_shape(beta, {B, T, 1}, "beta");
     check_taps(A, dv, X.size(3));
-    A_lag = taps_by_lag(A.to(X.scalar_type()));
+    A_lag = taps_by_lag(A, X.scalar_type());
   }
 };
 
@@ -758,7 +784,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> update_steps_backward(const Tensor& G
 Tensor read_forward(const Tensor& X_, const Tensor& A) {
   TORCH_CHECK(X_.dim() == 4, "ddl_delta: the state is (B,T,dv,d)");
   check_taps(A, X_.size(2), X_.size(3));
-  const Tensor X = X_.contiguous(), A_lag = taps_by_lag(A.to(X.scalar_type()));
+  const Tensor X = X_.contiguous(), A_lag = taps_by_lag(A, X.scalar_type());
   const int64_t T = X.size(1), dv = X.size(2), d = X.size(3);
   Tensor x = at::empty({X.size(0), T, d}, X.options());
   AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "ddl_delta::read_forward", [&] {
@@ -772,7 +798,7 @@ std::tuple<Tensor, Tensor> read_backward(const Tensor& g_, const Tensor& X_, con
   TORCH_CHECK(X_.dim() == 4, "ddl_delta: the state is (B,T,dv,d)");
   check_taps(A, X_.size(2), X_.size(3));
   check_shape(g_, {X_.size(0), X_.size(1), X_.size(3)}, "dL/dx");
-  const Tensor g = g_.contiguous(), X = X_.contiguous(), A_lag = taps_by_lag(A.to(X.scalar_type()));
+  const Tensor g = g_.contiguous(), X = X_.contiguous(), A_lag = taps_by_lag(A, X.scalar_type());
   const int64_t T = X.size(1), dv = X.size(2), d = X.size(3), L = A_lag.size(0);
   Tensor g_X = at::empty_like(X), g_A_lag;
   AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "ddl_delta::read_backward", [&] {
@@ -788,7 +814,7 @@ Tensor rank_one_forward(const Tensor& w_, const Tensor& h_, const Tensor& A) {
   TORCH_CHECK(w_.dim() == 3 && h_.dim() == 3, "ddl_delta: w is (B,T,dv) and k~ (B,T,d)");
   check_shape(w_, {h_.size(0), h_.size(1), w_.size(2)}, "w");
   check_taps(A, w_.size(2), h_.size(2));
-  const Tensor w = w_.contiguous(), h = h_.contiguous(), A_lag = taps_by_lag(A.to(h.scalar_type()));
+  const Tensor w = w_.contiguous(), h = h_.contiguous(), A_lag = taps_by_lag(A, h.scalar_type());
   const int64_t T = h.size(1), d = h.size(2);
   Tensor x = at::empty_like(h);
   AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "ddl_delta::rank_one_forward", [&] {
@@ -804,7 +830,7 @@ std::tuple<Tensor, Tensor, Tensor> rank_one_backward(const Tensor& g_, const Ten
   check_shape(w_, {h_.size(0), h_.size(1), w_.size(2)}, "w");
   check_shape(g_, h_.sizes(), "dL/dx");
   check_taps(A, w_.size(2), h_.size(2));
-  const Tensor g = g_.contiguous(), w = w_.contiguous(), h = h_.contiguous(), A_lag = taps_by_lag(A.to(h.scalar_type()));
+  const Tensor g = g_.contiguous(), w = w_.contiguous(), h = h_.contiguous(), A_lag = taps_by_lag(A, h.scalar_type());
   const int64_t T = h.size(1), d = h.size(2), L = A_lag.size(0);
   Tensor g_w = at::empty_like(w), g_h = at::empty_like(h), g_A_lag;
   AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "ddl_delta::rank_one_backward", [&] {
@@ -820,7 +846,7 @@ std::tuple<Tensor, Tensor, Tensor> rank_one_backward(const Tensor& g_, const Ten
 Tensor expand_forward(const Tensor& x_, const Tensor& E) {
   TORCH_CHECK(x_.dim() == 3 && E.dim() == 3, "ddl_delta: x is (B,T,d) and the expander's taps (dv,d,L)");
   check_taps(E, E.size(0), x_.size(2));
-  const Tensor x = x_.contiguous(), E_lag = taps_by_lag(E.to(x.scalar_type()));
+  const Tensor x = x_.contiguous(), E_lag = taps_by_lag(E, x.scalar_type());
   const int64_t T = x.size(1), d = x.size(2), dv = E_lag.size(1);
   Tensor X = at::empty({x.size(0), T, dv, d}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "ddl_delta::expand_forward", [&] {
@@ -834,7 +860,7 @@ std::tuple<Tensor, Tensor> expand_backward(const Tensor& g_, const Tensor& x_, c
   TORCH_CHECK(x_.dim() == 3 && E.dim() == 3, "ddl_delta: x is (B,T,d) and the expander's taps (dv,d,L)");
   check_taps(E, E.size(0), x_.size(2));
   check_shape(g_, {x_.size(0), x_.size(1), E.size(0), x_.size(2)}, "dL/dX");
-  const Tensor g = g_.contiguous(), x = x_.contiguous(), E_lag = taps_by_lag(E.to(x.scalar_type()));
+  const Tensor g = g_.contiguous(), x = x_.contiguous(), E_lag = taps_by_lag(E, x.scalar_type());
   const int64_t T = x.size(1), d = x.size(2), dv = E_lag.size(1), L = E_lag.size(0);
   Tensor g_x = at::empty_like(x), g_E_lag;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "ddl_delta::expand_backward", [&] {
