@@ -12,6 +12,12 @@ Tolerances, against the float64 plain form of the same (rounded) inputs:
   interpreter (within one). Accumulating in bf16 instead would miss by several ulps over d = 80 terms.
 """
 
+import inspect
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -26,6 +32,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed (a dev de
 if DEVICE.type == "cuda" and not torch.cuda.is_available():
     pytest.skip("DDL_TEST_DEVICE=cuda, but torch sees no CUDA device", allow_module_level=True)
 from ddl.model.fused import triton_loops  # noqa: E402  (registers torch.ops.ddl_triton)
+import triton.language as tl  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 if DEVICE.type == "cpu" and not isinstance(triton_loops._read_forward_kernel, InterpretedFunction):
@@ -260,11 +267,11 @@ def test_sums_over_tokens_follow_the_token_order_bit_for_bit(monkeypatch):
             assert_near(a, b, str(backward))
 
 
-def test_the_ops_declare_their_outputs_for_torch_compile():
-    """Each op's schema, and on CUDA its fake (its own body, run on fake tensors), match what it returns.
-    (Under the interpreter torch's wrap_triton launches a kernel even on fake tensors.)"""
-    dv, d, L = 2, 8, 3
-    X, h, beta, v, w, A, G, g_x = tensors(11, torch.float32, (1, 3, dv, d), (1, 3, d), (1, 3, 1), (1, 3, dv),
+def op_calls(dtype: torch.dtype, dv: int) -> dict:
+    """Every op, forward and backward, with random arguments in dtype (the gates' weights fp32, as the model's):
+    d = 8, 3 taps, the norm with its gates activated and without."""
+    d, L = 8, 3
+    X, h, beta, v, w, A, G, g_x = tensors(11, dtype, (1, 3, dv, d), (1, 3, d), (1, 3, 1), (1, 3, dv),
                                           (1, 3, dv), (dv, d, L), (1, 3, dv, d), (1, 3, d), positive=(2,))
     _, _, rho, q = ops.update_forward(X, h, beta, v, K_EPS ** 2)
     _, w_by_step, rho_by_step, q_by_step = ops.update_steps_forward(X, [h, h], [beta, beta], [v, v], K_EPS ** 2)
@@ -275,10 +282,99 @@ def test_the_ops_declare_their_outputs_for_torch_compile():
              "rank_one_backward": (g_x, w, h, A), "expand_forward": (h, A), "expand_backward": (G, h, A),
              "key_forward": (X, h, beta, v, K_EPS ** 2), "write_forward": (X, h, w, h, beta, v, A, K_EPS ** 2, True),
              "write_backward": (G, w, g_x, X, h, w, h, beta, v, rho, q, A)}
-    for name, args in calls.items():
+    W_c, W_x, b_c, b_x = (t.float() for t in tensors(12, dtype, (1, d), (dv, d), (1,), (dv,)))
+    for gated, gates in (("", (b_c, b_x, 2.0, 4.0)), (" ungated", (None, None, 1.0, 1.0))):
+        calls["norm_forward" + gated] = inputs = (h, W_c[0], W_c, W_x, *gates, 1e-6, dtype)
+        c, y_c, y_x, rho_norm = ops.norm_forward(*inputs)
+        calls["norm_backward" + gated] = (g_x, *tensors(13, torch.float32, y_c.shape, y_x.shape), *inputs[:-2],
+                                          rho_norm, y_c, y_x)
+    return calls
+
+
+def test_the_ops_declare_their_outputs_for_torch_compile():
+    """Each op's schema, and on CUDA its fake (its own body, run on fake tensors), match what it returns.
+    (Under the interpreter torch's wrap_triton launches a kernel even on fake tensors.)"""
+    for name, args in op_calls(torch.float32, dv=2).items():
         checks = ("test_schema", "test_faketensor") if DEVICE.type == "cuda" else ("test_schema",)
-        result = torch.library.opcheck(getattr(ops, name).default, args, test_utils=checks)
+        result = torch.library.opcheck(getattr(ops, name.split()[0]).default, args, test_utils=checks)
         assert set(result.values()) == {"SUCCESS"}, (name, result)
+
+
+# Compiles kernels (name, signature, constexprs) for an H100 (sm_90) in a process of its own, where triton compiles
+# rather than interprets; prints those that fail, as JSON.
+COMPILE_FOR_H100 = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from ddl.model.fused import triton_loops
+failed = []
+for name, signature, constexprs in json.load(sys.stdin):
+    try:
+        triton.compile(ASTSource(getattr(triton_loops, name), signature, constexprs), target=GPUTarget("cuda", 90, 32))
+    except Exception as error:
+        failed.append(f"{name} {constexprs}: {type(error).__name__}: {str(error).strip().splitlines()[-1]}")
+print(json.dumps(failed))
+"""
+
+
+def launch_signature(kernel, args: tuple, kwargs: dict) -> tuple[dict, dict]:
+    """A launch's arguments as triton's compiler takes them: each argument's type (a tensor a pointer to its dtype,
+    an int i32 or i64, a float fp32), and the constexprs' values."""
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64",
+             torch.int64: "i64", torch.int32: "i32"}
+    bound = inspect.signature(kernel.fn).bind(*args, **kwargs).arguments
+    signature, constexprs = {}, {}
+    for name, value in bound.items():
+        if kernel.fn.__annotations__.get(name) in (tl.constexpr, "tl.constexpr") or value is None:
+            signature[name], constexprs[name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + names[value.dtype]
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            signature[name] = "i32" if -2 ** 31 <= value < 2 ** 31 else "i64"
+        else:
+            signature[name] = "fp32"
+    return signature, constexprs
+
+
+@pytest.mark.slow
+def test_every_kernel_compiles_for_an_h100(tmp_path):
+    """Each kernel as the ops launch it (fp32 and bf16, d_v = 1 and 4) compiles to an H100's code with triton's own
+    compiler and ptxas, no GPU needed: what the interpreter cannot show, a kernel it runs that the GPU compiler refuses.
+    (On a GPU every test here compiles what it runs.)"""
+    if DEVICE.type == "cuda":
+        pytest.skip("on a GPU the kernels compile as the other tests launch them")
+    kernels = {name: k for name, k in vars(triton_loops).items() if isinstance(k, InterpretedFunction)
+               and name.endswith("_kernel")}
+    launches = {}
+
+    def recorder(name, kernel):
+        def record(*args, **kwargs):
+            signature, constexprs = launch_signature(kernel, args, kwargs)
+            launches[name, json.dumps(signature), json.dumps(constexprs)] = signature, constexprs
+        return record
+
+    hooks = {name: recorder(name, kernel) for name, kernel in kernels.items()}
+    for name, hook in hooks.items():
+        kernels[name].add_pre_run_hook(hook)
+    try:
+        for dtype in DTYPES:
+            for dv in (1, 4):
+                for name, args in op_calls(dtype, dv).items():
+                    getattr(ops, name.split()[0])(*args)
+    finally:
+        for name, hook in hooks.items():
+            kernels[name].pre_run_hooks.remove(hook)
+    assert {name for name, _, _ in launches} == set(kernels), "a kernel the ops never launched here"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", COMPILE_FOR_H100], input=json.dumps(
+        [(name, *launch) for (name, _, _), launch in launches.items()]), capture_output=True, text=True, env=env,
+        timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    failed = json.loads(result.stdout.splitlines()[-1])
+    assert not failed, f"of {len(launches)} launches, these do not compile for sm_90: {failed}"
 
 
 def loss_and_grads(**kw) -> tuple:
