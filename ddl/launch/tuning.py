@@ -252,6 +252,10 @@ def _search(launcher, rows: list[RowSearch], tuning: TuneConfig) -> int:
     while True:
         batch, waiting, counted = [], False, 0
         for row in rows:
+            # The numbers other runs hold, looked up before the trials are counted: a run another home opens between
+            # the two looks is then at worst a number asked twice (the claim trains it once), never a trial counted
+            # missing while its number is taken, which would ask a trial more under a new number.
+            held = searches.numbers_taken(row.job.experiment, row.search)
             trials = row.runs("trial")
             counted += len(trials)
             step = next_round(trials, row.space, tuning, row.replicate, tuning.parallel or launcher.bound(len(rows)),
@@ -264,7 +268,7 @@ def _search(launcher, rows: list[RowSearch], tuning: TuneConfig) -> int:
                 batch.append(row.overrides(trial.values, "trial", trial.number))
             batch += [row.overrides(t.values, "trial", t.number, extra=("tune.pruner=none",)) for t in step.finish]
             waiting |= step.waiting
-            taken = {t.number for t in trials} | searches.numbers_taken(row.job.experiment, row.search)
+            taken = {t.number for t in trials} | held
             free = (n for n in itertools.count() if n not in taken)        # the lowest numbers no run holds
             for values in step.new:
                 overrides = row.overrides(values, "trial", next(free))
