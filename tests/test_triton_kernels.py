@@ -12,7 +12,6 @@ Tolerances, against the float64 plain form of the same (rounded) inputs:
   interpreter (within one). Accumulating in bf16 instead would miss by several ulps over d = 80 terms.
 """
 
-import inspect
 import json
 import os
 import subprocess
@@ -31,8 +30,7 @@ DEVICE = TEST_DEVICE
 triton = pytest.importorskip("triton", reason="triton is not installed (a dev dependency on Linux x86_64 only)")
 if DEVICE.type == "cuda" and not torch.cuda.is_available():
     pytest.skip("DDL_TEST_DEVICE=cuda, but torch sees no CUDA device", allow_module_level=True)
-from ddl.model.fused import triton_loops  # noqa: E402  (registers torch.ops.ddl_triton)
-import triton.language as tl  # noqa: E402
+from ddl.model.fused import triton_compile, triton_loops  # noqa: E402  (registers torch.ops.ddl_triton)
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 if DEVICE.type == "cpu" and not isinstance(triton_loops._read_forward_kernel, InterpretedFunction):
@@ -300,81 +298,43 @@ def test_the_ops_declare_their_outputs_for_torch_compile():
         assert set(result.values()) == {"SUCCESS"}, (name, result)
 
 
-# Compiles kernels (name, signature, constexprs) for an H100 (sm_90) in a process of its own, where triton compiles
-# rather than interprets; prints those that fail, as JSON.
-COMPILE_FOR_H100 = """
-import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from ddl.model.fused import triton_loops
-failed = []
-for name, signature, constexprs in json.load(sys.stdin):
-    try:
-        triton.compile(ASTSource(getattr(triton_loops, name), signature, constexprs), target=GPUTarget("cuda", 90, 32))
-    except Exception as error:
-        failed.append(f"{name} {constexprs}: {type(error).__name__}: {str(error).strip().splitlines()[-1]}")
-print(json.dumps(failed))
-"""
-
-
-def launch_signature(kernel, args: tuple, kwargs: dict) -> tuple[dict, dict]:
-    """A launch's arguments as triton's compiler takes them: each argument's type (a tensor a pointer to its dtype,
-    an int i32 or i64, a float fp32), and the constexprs' values."""
-    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64",
-             torch.int64: "i64", torch.int32: "i32"}
-    bound = inspect.signature(kernel.fn).bind(*args, **kwargs).arguments
-    signature, constexprs = {}, {}
-    for name, value in bound.items():
-        if kernel.fn.__annotations__.get(name) in (tl.constexpr, "tl.constexpr") or value is None:
-            signature[name], constexprs[name] = "constexpr", value
-        elif isinstance(value, torch.Tensor):
-            signature[name] = "*" + names[value.dtype]
-        elif isinstance(value, bool):
-            signature[name] = "i1"
-        elif isinstance(value, int):
-            signature[name] = "i32" if -2 ** 31 <= value < 2 ** 31 else "i64"
-        else:
-            signature[name] = "fp32"
-    return signature, constexprs
-
-
 @pytest.mark.slow
-def test_every_kernel_compiles_for_an_h100(tmp_path):
+def test_every_kernel_compiles_for_an_h100():
     """Each kernel as the ops launch it (fp32 and bf16, d_v = 1 and 4) compiles to an H100's code with triton's own
-    compiler and ptxas, no GPU needed: what the interpreter cannot show, a kernel it runs that the GPU compiler refuses.
-    (On a GPU every test here compiles what it runs.)"""
+    compiler and ptxas, no GPU needed (ddl/model/fused/triton_compile.py): what the interpreter cannot show, a kernel
+    it runs that the GPU's compiler refuses. (On a GPU every test here compiles what it runs.)"""
     if DEVICE.type == "cuda":
         pytest.skip("on a GPU the kernels compile as the other tests launch them")
-    kernels = {name: k for name, k in vars(triton_loops).items() if isinstance(k, InterpretedFunction)
-               and name.endswith("_kernel")}
-    launches = {}
 
-    def recorder(name, kernel):
-        def record(*args, **kwargs):
-            signature, constexprs = launch_signature(kernel, args, kwargs)
-            launches[name, json.dumps(signature), json.dumps(constexprs)] = signature, constexprs
-        return record
-
-    hooks = {name: recorder(name, kernel) for name, kernel in kernels.items()}
-    for name, hook in hooks.items():
-        kernels[name].add_pre_run_hook(hook)
-    try:
+    def every_call():
         for dtype in DTYPES:
             for dv in (1, 4):
                 for name, args in op_calls(dtype, dv).items():
                     getattr(ops, name.split()[0])(*args)
-    finally:
-        for name, hook in hooks.items():
-            kernels[name].pre_run_hooks.remove(hook)
-    assert {name for name, _, _ in launches} == set(kernels), "a kernel the ops never launched here"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-c", COMPILE_FOR_H100], input=json.dumps(
-        [(name, *launch) for (name, _, _), launch in launches.items()]), capture_output=True, text=True, env=env,
-        timeout=600)
+
+    launches = triton_compile.record(every_call)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-m", "ddl.model.fused.triton_compile", "--compile", "--warps", "4"],
+                            input=json.dumps(launches), capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    failed = json.loads(result.stdout.splitlines()[-1])
+    failed = [row for row in json.loads(result.stdout.splitlines()[-1]) if "error" in row]
     assert not failed, f"of {len(launches)} launches, these do not compile for sm_90: {failed}"
+
+
+@pytest.mark.slow
+def test_the_compile_report_lists_each_kernel_with_its_registers():
+    """`python -m ddl.model.fused.triton_compile` at a small shape: every kernel of triton_loops in its table, each
+    with registers and stack, and exit 0."""
+    if DEVICE.type == "cuda":
+        pytest.skip("a CPU machine's command (on a GPU, make gpu-check times the kernels)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-m", "ddl.model.fused.triton_compile", "--d", "48", "--dv", "2",
+                             "--taps", "3", "--warps", "4"], capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith("| _")]
+    kernels = {name for name, k in vars(triton_loops).items() if name.endswith("_kernel") and callable(k)}
+    assert {row[0].removeprefix("| ") for row in rows} == kernels
+    assert all(int(row[3]) > 0 and int(row[4].removesuffix(" |")) >= 0 for row in rows), rows
 
 
 def loss_and_grads(**kw) -> tuple:
