@@ -265,34 +265,10 @@ def test_sums_over_tokens_follow_the_token_order_bit_for_bit(monkeypatch):
             assert_near(a, b, str(backward))
 
 
-def op_calls(dtype: torch.dtype, dv: int) -> dict:
-    """Every op, forward and backward, with random arguments in dtype (the gates' weights fp32, as the model's):
-    d = 8, 3 taps, the norm with its gates activated and without."""
-    d, L = 8, 3
-    X, h, beta, v, w, A, G, g_x = tensors(11, dtype, (1, 3, dv, d), (1, 3, d), (1, 3, 1), (1, 3, dv),
-                                          (1, 3, dv), (dv, d, L), (1, 3, dv, d), (1, 3, d), positive=(2,))
-    _, _, rho, q = ops.update_forward(X, h, beta, v, K_EPS ** 2)
-    _, w_by_step, rho_by_step, q_by_step = ops.update_steps_forward(X, [h, h], [beta, beta], [v, v], K_EPS ** 2)
-    calls = {"update_forward": (X, h, beta, v, K_EPS ** 2), "update_backward": (G, w, X, h, beta, v, rho, q),
-             "update_steps_forward": (X, [h, h], [beta, beta], [v, v], K_EPS ** 2),
-             "update_steps_backward": (G, w_by_step, X, [h, h], [beta, beta], [v, v], rho_by_step, q_by_step),
-             "read_forward": (X, A), "read_backward": (g_x, X, A), "rank_one_forward": (w, h, A),
-             "rank_one_backward": (g_x, w, h, A), "expand_forward": (h, A), "expand_backward": (G, h, A),
-             "key_forward": (X, h, beta, v, K_EPS ** 2), "write_forward": (X, h, w, h, beta, v, A, K_EPS ** 2, True),
-             "write_backward": (G, w, g_x, X, h, w, h, beta, v, rho, q, A)}
-    W_c, W_x, b_c, b_x = (t.float() for t in tensors(12, dtype, (1, d), (dv, d), (1,), (dv,)))
-    for gated, gates in (("", (b_c, b_x, 2.0, 4.0)), (" ungated", (None, None, 1.0, 1.0))):
-        calls["norm_forward" + gated] = inputs = (h, W_c[0], W_c, W_x, *gates, 1e-6, dtype)
-        c, y_c, y_x, rho_norm = ops.norm_forward(*inputs)
-        calls["norm_backward" + gated] = (g_x, *tensors(13, torch.float32, y_c.shape, y_x.shape), *inputs[:-2],
-                                          rho_norm, y_c, y_x)
-    return calls
-
-
 def test_the_ops_declare_their_outputs_for_torch_compile():
     """Each op's schema, and on CUDA its fake (its own body, run on fake tensors), match what it returns.
     (Under the interpreter torch's wrap_triton launches a kernel even on fake tensors.)"""
-    for name, args in op_calls(torch.float32, dv=2).items():
+    for name, args in triton_compile.op_calls(8, 2, 3, device=DEVICE).items():
         checks = ("test_schema", "test_faketensor") if DEVICE.type == "cuda" else ("test_schema",)
         result = torch.library.opcheck(getattr(ops, name.split()[0]).default, args, test_utils=checks)
         assert set(result.values()) == {"SUCCESS"}, (name, result)
@@ -309,8 +285,7 @@ def test_every_kernel_compiles_for_an_h100():
     def every_call():
         for dtype in DTYPES:
             for dv in (1, 4):
-                for name, args in op_calls(dtype, dv).items():
-                    getattr(ops, name.split()[0])(*args)
+                triton_compile.launch_all(triton_compile.op_calls(8, dv, 3, dtype))
 
     launches = triton_compile.record(every_call)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -335,6 +310,19 @@ def test_the_compile_report_lists_each_kernel_with_its_registers():
     kernels = {name for name, k in vars(triton_loops).items() if name.endswith("_kernel") and callable(k)}
     assert {row[0].removeprefix("| ") for row in rows} == kernels
     assert all(int(row[3]) > 0 and int(row[4].removesuffix(" |")) >= 0 for row in rows), rows
+
+
+def test_the_compile_report_refuses_a_bad_value_in_its_error_line():
+    """A warps count that is no power of two, a width that is no integer, a newline in a list: exit 2 before anything
+    runs, the error line naming the argument, the value and what is allowed."""
+    for argument, allowed in (("--warps=0", "powers of two from 1 to 32"), ("--d=nan", "an integer >= 1"),
+                              ("--warps=4,\n8", "powers of two from 1 to 32")):
+        result = subprocess.run([sys.executable, "-m", "ddl.model.fused.triton_compile", argument], capture_output=True,
+                                text=True, timeout=120)
+        line = result.stderr.strip().splitlines()[-1]
+        name, value = argument.split("=")
+        assert result.returncode == 2 and f"argument {name}: {value!r}: must be" in line and allowed in line, line
+        assert result.stdout == ""
 
 
 def loss_and_grads(**kw) -> tuple:

@@ -111,44 +111,68 @@ def _resources(cuobjdump: str, cubin: bytes) -> dict:
     return dict(registers=int(fields["REG"]), stack=int(fields["STACK"]))
 
 
-def model_shape_calls(d: int, dv: int, taps: int, tokens: int = 4) -> None:
-    """Every Triton op, forward and backward, once at a block's shape (d_v > 1: DeltaKey, DeltaWrite, the reads; the
-    update and the norm with its gates), the state in bf16 and the rest fp32, as on a GPU."""
+def op_calls(d: int, dv: int, taps: int, dtype: torch.dtype = torch.float32, state_dtype: torch.dtype | None = None,
+             device: str | torch.device = "cpu", tokens: int = 3) -> dict[str, tuple]:
+    """Every Triton op, forward and backward, with random arguments: {op (and a variant after a space): args}. The
+    state (and c, the norm's output) in state_dtype (default dtype), the rest in dtype, the gates' maps fp32 as the
+    model's; the norm with its gates activated and without; two DeltaProduct steps."""
     ops = torch.ops.ddl_triton
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(11)
+    state_dtype = state_dtype or dtype
 
-    def rand(*shape, dtype=torch.float32):
-        return torch.randn(*shape, generator=g).to(dtype)
+    def rand(*shape, dtype=dtype):
+        return torch.randn(*shape, generator=g).to(device, dtype)
 
-    X, G = rand(1, tokens, dv, d, dtype=torch.bfloat16), rand(1, tokens, dv, d, dtype=torch.bfloat16)
-    h, h_a, g_x, beta = rand(1, tokens, d), rand(1, tokens, d), rand(1, tokens, d), rand(1, tokens, 1).abs()
-    v, w, A = rand(1, tokens, dv), rand(1, tokens, dv), rand(dv, d, taps)
-    _, _, rho, q, _ = ops.write_forward(X, h_a, w, h, beta, v, A, 1e-10, True)
-    ops.write_backward(G, w, g_x, X, h_a, w, h, beta, v, rho, q, A)
+    X, G = rand(1, tokens, dv, d, dtype=state_dtype), rand(1, tokens, dv, d, dtype=state_dtype)
+    h, g_x, A = rand(1, tokens, d), rand(1, tokens, d), rand(dv, d, taps)
+    v, w = rand(1, tokens, dv), rand(1, tokens, dv)
+    beta = 2 * torch.rand(1, tokens, 1, generator=g).to(device, dtype)
     _, _, rho, q = ops.update_forward(X, h, beta, v, 1e-10)
-    ops.update_backward(G, w, X, h, beta, v, rho, q)
-    ops.key_forward(X, h, beta, v, 1e-10)
-    steps = ([h, h_a], [beta, beta], [v, w])
-    _, w_steps, rho_steps, q_steps = ops.update_steps_forward(X, *steps, 1e-10)
-    ops.update_steps_backward(G, w_steps, X, *steps, rho_steps, q_steps)
-    for forward, backward, inputs in ((ops.read_forward, ops.read_backward, (X, A)),
-                                      (ops.rank_one_forward, ops.rank_one_backward, (w, h, A)),
-                                      (ops.expand_forward, ops.expand_backward, (h, A))):
-        backward(torch.randn_like(forward(*inputs), dtype=torch.float32), *inputs)
-    W_c, W_x, b_c, b_x = rand(1, d), rand(dv, d), rand(1), rand(dv)
-    c, y_c, y_x, rho = ops.norm_forward(h, W_c[0], W_c, W_x, b_c, b_x, 2.0, 4.0, 1e-6, torch.bfloat16)
-    ops.norm_backward(torch.randn_like(c), torch.randn_like(y_c), torch.randn_like(y_x), h, W_c[0], W_c, W_x, b_c,
-                      b_x, 2.0, 4.0, rho, y_c, y_x)
+    steps = ([h, h], [beta, beta], [v, v])
+    _, w_by_step, rho_by_step, q_by_step = ops.update_steps_forward(X, *steps, 1e-10)
+    calls = {"update_forward": (X, h, beta, v, 1e-10), "update_backward": (G, w, X, h, beta, v, rho, q),
+             "update_steps_forward": (X, *steps, 1e-10),
+             "update_steps_backward": (G, w_by_step, X, *steps, rho_by_step, q_by_step),
+             "read_forward": (X, A), "read_backward": (g_x, X, A), "rank_one_forward": (w, h, A),
+             "rank_one_backward": (g_x, w, h, A), "expand_forward": (h, A), "expand_backward": (G, h, A),
+             "key_forward": (X, h, beta, v, 1e-10), "write_forward": (X, h, w, h, beta, v, A, 1e-10, True),
+             "write_backward": (G, w, g_x, X, h, w, h, beta, v, rho, q, A)}
+    W_c, W_x, b_c, b_x = (rand(*shape, dtype=torch.float32) for shape in ((1, d), (dv, d), (1,), (dv,)))
+    for variant, gates in (("", (b_c, b_x, 2.0, 4.0)), (" ungated", (None, None, 1.0, 1.0))):
+        calls["norm_forward" + variant] = inputs = (h, W_c[0], W_c, W_x, *gates, 1e-6, state_dtype)
+        c, y_c, y_x, rho_norm = ops.norm_forward(*inputs)
+        calls["norm_backward" + variant] = (rand(*c.shape, dtype=c.dtype), rand(*y_c.shape, dtype=torch.float32),
+                                            rand(*y_x.shape, dtype=torch.float32), *inputs[:-2], rho_norm, y_c, y_x)
+    return calls
+
+
+def launch_all(calls: dict[str, tuple]) -> None:
+    """Runs every call of op_calls."""
+    for name, args in calls.items():
+        getattr(torch.ops.ddl_triton, name.split()[0])(*args)
+
+
+def _at_least_one(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be an integer >= 1")
+    return int(value)
+
+
+def _warps(value: str) -> tuple[int, ...]:
+    counts = value.split(",")
+    if not all(c.isdigit() and int(c) in (1, 2, 4, 8, 16, 32) for c in counts):
+        raise argparse.ArgumentTypeError(f"{value!r}: must be comma-separated powers of two from 1 to 32")
+    return tuple(int(c) for c in counts)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("--d", type=int, default=768, help="d_model (default 768: the paper small's)")
-    parser.add_argument("--dv", type=int, default=4, help="d_v (default 4)")
-    parser.add_argument("--taps", type=int, default=4, help="the state read's taps (default 4)")
-    parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (default 90: H100, H200)")
-    parser.add_argument("--warps", default="4,8", help="warps a program, comma-separated (default 4,8)")
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
+    parser.add_argument("--d", type=_at_least_one, default=768, help="d_model (default 768: the paper small's)")
+    parser.add_argument("--dv", type=_at_least_one, default=4, help="d_v (default 4)")
+    parser.add_argument("--taps", type=_at_least_one, default=4, help="the state read's taps (default 4)")
+    parser.add_argument("--arch", type=_at_least_one, default=90,
+                        help="CUDA compute capability x10 (default 90: H100, H200)")
+    parser.add_argument("--warps", type=_warps, default=(4, 8), help="warps a program, comma-separated (default 4,8)")
     parser.add_argument("--record", action="store_true", help=argparse.SUPPRESS)    # the interpreted child's part
     parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)   # launches on stdin -> rows
     return parser
@@ -156,12 +180,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    warps = tuple(int(w) for w in args.warps.split(","))
     if args.record:
-        print(json.dumps(record(lambda: model_shape_calls(args.d, args.dv, args.taps))))
+        def every_op():                                       # the state in bf16, as on a GPU
+            launch_all(op_calls(args.d, args.dv, args.taps, state_dtype=torch.bfloat16, tokens=4))
+        print(json.dumps(record(every_op)))
         return 0
     if args.compile:
-        print(json.dumps(compile_launches(json.load(sys.stdin), args.arch, warps)))
+        print(json.dumps(compile_launches(json.load(sys.stdin), args.arch, args.warps)))
         return 0
     child = subprocess.run([sys.executable, "-m", MODULE, "--record", "--d", str(args.d), "--dv", str(args.dv),
                             "--taps", str(args.taps)], capture_output=True, text=True,
@@ -169,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     if child.returncode:
         print(child.stderr.strip().splitlines()[-1], file=sys.stderr)
         return 1
-    rows = compile_launches(json.loads(child.stdout.splitlines()[-1]), args.arch, warps)
+    rows = compile_launches(json.loads(child.stdout.splitlines()[-1]), args.arch, args.warps)
     print(f"# Triton kernels for sm_{args.arch}: d={args.d}, d_v={args.dv}, {args.taps} taps\n")
     print("| kernel | constexprs | warps | registers | stack (spills), bytes |\n|---|---|---|---|---|")
     for row in rows:
