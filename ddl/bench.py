@@ -65,6 +65,9 @@ def relative_distance(grads: list[torch.Tensor], reference: list[torch.Tensor]) 
     return (diff / sum(float(b.square().sum()) for b in reference)) ** 0.5
 
 
+HOST_PHASES = ("forward", "backward", "optimizer")   # a step's host time, in Arm.step's order
+
+
 class Arm:
     """One model of the bench: built from ARMS[name] at `shape`, with AdamW, on one fixed batch; `compile_` compiles
     it per block (GPT.compile_blocks, in torch.compile's `compile_mode`, by `compile_backend`). On CUDA it runs
@@ -87,6 +90,7 @@ class Arm:
             self.gradient_error = self.compile()
         self.times: list[float] = []
         self.host_times: list[float] = []
+        self.host_phases: list[tuple[float, float, float]] = []
         self.memory = 0
 
     def gradients(self) -> list[torch.Tensor]:
@@ -110,7 +114,7 @@ class Arm:
 
     def step(self) -> float:
         """One training step's seconds: CUDA events around it on a GPU (no host sync inside), the host clock on CPU;
-        the host's seconds to launch it go to host_times."""
+        the host's seconds to launch it go to host_times, split into forward, backward and optimizer in host_phases."""
         cuda = self.device.type == "cuda"
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -119,10 +123,14 @@ class Arm:
         torch.compiler.cudagraph_mark_step_begin()     # CUDA graphs: the last step's outputs are consumed
         with self.autocast:
             _, loss = self.model(self.x, self.x)
+        forward = time.perf_counter()
         loss.backward()
+        backward = time.perf_counter()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.host_times.append(time.perf_counter() - begin)
+        end_host = time.perf_counter()
+        self.host_times.append(end_host - begin)
+        self.host_phases.append((forward - begin, backward - forward, end_host - backward))
         if not cuda:
             return self.host_times[-1]
         end.record()
@@ -173,12 +181,15 @@ def dispatch_markdown(result: dict) -> str:
     lines = [f"# ddl bench: a step's dispatch ({result['machine']}, torch {torch.__version__}, 1 thread)", "",
              f"{DISPATCH_SHAPE['n_layer']} layers, d={DISPATCH_SHAPE['d_model']}, {DISPATCH_BATCH} x {DISPATCH_SEQ} "
              "tokens: arithmetic is negligible, a step's time is its op calls.", "",
-             "| form | arm | step (ms) | x baseline | target |", "|---|---|---|---|---|"]
+             "| form | arm | step (ms) | x baseline | target | forward | backward | optimizer (ms, x baseline's) |",
+             "|---|---|---|---|---|---|---|---|"]
     for form, rows in result["dispatch"].items():
+        base = rows["baseline"]["host_phases_ms"]
         for name, row in rows.items():
             target = DISPATCH_TARGETS[form].get(name)
             verdict = "" if target is None else f"<= {target} {'ok' if row['time_ratio'] <= target else 'MISSED'}"
-            lines.append(f"| {form} | {name} | {row['step_ms']:.2f} | {row['time_ratio']:.3f} | {verdict} |")
+            phases = " | ".join(f"{ms:.2f} ({ms / base[phase]:.2f})" for phase, ms in row["host_phases_ms"].items())
+            lines.append(f"| {form} | {name} | {row['step_ms']:.2f} | {row['time_ratio']:.3f} | {verdict} | {phases} |")
     return "\n".join(lines + [""])
 
 
@@ -212,7 +223,9 @@ def model_costs(device: torch.device, shape: dict, batch: int, seq: int, rounds:
         median = statistics.median(arm.times)
         params = arm.model.num_params()
         host = statistics.median(arm.host_times[-len(arm.times):])
+        phases = zip(*arm.host_phases[-len(arm.times):], strict=True)
         rows[arm.name] = {"step_ms": 1e3 * median, "host_ms": 1e3 * host, "time_ratio": median / base_time,
+                          "host_phases_ms": dict(zip(HOST_PHASES, (1e3 * statistics.median(p) for p in phases))),
                           "tokens_per_s": tokens / median,
                           "memory_mib": arm.memory / 2 ** 20, "memory_ratio": arm.memory / base.memory,
                           "params": params, "mfu": training_flops(params, tokens) / median / peak if peak else None,

@@ -91,7 +91,8 @@ def test_a_compiled_twin_is_judged_against_its_own_kind():
 
 def test_the_dispatch_bench_measures_the_delta_arms_on_one_thread_against_the_baseline():
     """--dispatch's eager half (its compiled half is model_costs compiling per block, as make bench does): one
-    thread while it measures, the thread count given back, a row per arm with its target."""
+    thread while it measures, the thread count given back, a row per arm with its target and its host time by
+    phase."""
     import torch
 
     from ddl.bench import DISPATCH_TARGETS, dispatch_costs, dispatch_markdown
@@ -101,6 +102,11 @@ def test_the_dispatch_bench_measures_the_delta_arms_on_one_thread_against_the_ba
     rows = result["dispatch"]["eager"]
     assert list(rows) == ["baseline", "ddl_dv1", "ddl_dv4"] and rows["baseline"]["time_ratio"] == 1.0
     assert rows["ddl_dv4"]["params"] > rows["ddl_dv1"]["params"] > rows["baseline"]["params"]
+    for row in rows.values():                   # one step's phases add up to its host time (one step: no medians)
+        assert list(row["host_phases_ms"]) == ["forward", "backward", "optimizer"]
+        assert sum(row["host_phases_ms"].values()) == pytest.approx(row["host_ms"], rel=1e-6)
     text = dispatch_markdown(result)
     for name, target in DISPATCH_TARGETS["eager"].items():
+        forward = rows[name]["host_phases_ms"]["forward"]
         assert f"| eager | {name} | {rows[name]['step_ms']:.2f} | {rows[name]['time_ratio']:.3f} | <= {target} " in text
+        assert f" | {forward:.2f} ({forward / rows['baseline']['host_phases_ms']['forward']:.2f}) | " in text
