@@ -223,9 +223,9 @@ def model_costs(device: torch.device, shape: dict, batch: int, seq: int, rounds:
         median = statistics.median(arm.times)
         params = arm.model.num_params()
         host = statistics.median(arm.host_times[-len(arm.times):])
-        phases = zip(*arm.host_phases[-len(arm.times):], strict=True)
+        phases = [1e3 * statistics.median(p) for p in zip(*arm.host_phases[-len(arm.times):], strict=True)]
         rows[arm.name] = {"step_ms": 1e3 * median, "host_ms": 1e3 * host, "time_ratio": median / base_time,
-                          "host_phases_ms": dict(zip(HOST_PHASES, (1e3 * statistics.median(p) for p in phases))),
+                          "host_phases_ms": dict(zip(HOST_PHASES, phases, strict=True)),
                           "tokens_per_s": tokens / median,
                           "memory_mib": arm.memory / 2 ** 20, "memory_ratio": arm.memory / base.memory,
                           "params": params, "mfu": training_flops(params, tokens) / median / peak if peak else None,
