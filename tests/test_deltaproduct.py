@@ -63,7 +63,7 @@ def test_n_h_steps_are_n_h_sequential_delta_updates(n_h, dv, mapping):
     for k_raw, logits, v in steps:
         expected = eq_2_5(expected, k_raw, 2 * torch.sigmoid(logits), v, delta.k_eps)
 
-    new, writes = delta(X, h, inputs(delta, x_in, norm))
+    new, writes = delta.update(X, h, inputs(delta, x_in, norm))
     assert len(writes) == n_h and len(delta.last_betas) == n_h
     torch.testing.assert_close(new, expected, rtol=1e-12, atol=1e-12)
     composed = X + sum(w.unsqueeze(-1) * k_raw.unsqueeze(-2) for w, k_raw in writes)   # a rank-n_h write
@@ -81,7 +81,7 @@ def transition(delta: DeltaResidual, seed: int = 1) -> torch.Tensor:
     x_in, h = torch.randn(1, 1, D, generator=g), torch.randn(1, 1, D, generator=g)
     states = torch.cat([torch.eye(D), torch.zeros(1, D)]).view(1, D + 1, 1, D)         # e_1..e_d, 0
     norm = nn.RMSNorm(D, eps=1e-5)
-    new, _ = delta(states, h.expand(1, D + 1, D), inputs(delta, x_in.expand(1, D + 1, D), norm))
+    new, _ = delta.update(states, h.expand(1, D + 1, D), inputs(delta, x_in.expand(1, D + 1, D), norm))
     new = new.view(D + 1, D)
     return (new[:D] - new[D]).T                                                         # column i: M e_i
 

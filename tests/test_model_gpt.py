@@ -42,7 +42,7 @@ def test_delta_sublayer_equals_float64_eq_2_4(dv, mapping):
     inp = delta.read_input(x_in, block.norm_attn)
     assert torch.allclose(inp.c, block.norm_attn(x_in), atol=1e-12)
     h = block.attn(inp.c, cos, sin)
-    out, [(w, k_written)] = delta(X, h, inp)                                    # n_h = 1: one write
+    out, [(w, k_written)] = delta.update(X, h, inp)                                    # n_h = 1: one write
     k_raw, beta, v = delta.components(h, inp, inp.gate, inp.v)             # n_h = 1: every gate is step 1's
     assert torch.allclose(beta, 2 * torch.sigmoid(delta.beta_gate(inp.c)), atol=1e-12)
     assert torch.allclose(v, 4 * torch.sigmoid(delta.W_v(x_in if mapping == "k" else h)), atol=1e-12)

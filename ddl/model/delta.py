@@ -144,18 +144,23 @@ class FurtherDeltaStep(nn.Module):
         return self.W_k(h), gate_beta(self.beta_gate, gate), v
 
 
+def _side_by_side(maps: tuple[nn.Linear, ...], part: str) -> torch.Tensor:
+    """The steps' maps of one input as one: their `part` ('weight' (out, d) or 'bias') stacked by output, (n out, ...);
+    one step's as it is."""
+    return getattr(maps[0], part) if len(maps) == 1 else torch.cat([getattr(m, part) for m in maps])
+
+
 class DeltaResidual(nn.Module):
     """Produces (k~, beta, v) for one sublayer and applies the Delta update to the state, n_h times
-    in sequence (steps j >= 2: FurtherDeltaStep).
+    in sequence (steps j >= 2: FurtherDeltaStep): read_input, then update.
 
-    Returns the new state and the factors of each step's rank-1 write [(w_j (B,T,dv), k~_j (B,T,d))]:
+    update returns the new state and the factors of each step's rank-1 write [(w_j (B,T,dv), k~_j (B,T,d))]:
     X_new = X + sum_j w_j k~_j^T (see delta_update).
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         d = cfg.d_model
-        self.mapping = cfg.mapping
         self.read_k_from_context = cfg.dv == 1  # v-Map: phi_k(x_ctx) for d_v=1, phi_k(x_in) for d_v>1
         self.k_eps = cfg.k_eps
         self.v_scale = cfg.v_sigmoid_scale * value_multiplier(cfg)   # µP: times sqrt(m); CompleteP: the write's r
@@ -163,6 +168,14 @@ class DeltaResidual(nn.Module):
         self.W_v = nn.Linear(d, cfg.dv, bias=True)
         self.phi_k = nn.Linear(d, d, bias=False) if cfg.mapping == "v" else None
         self.further = nn.ModuleList(FurtherDeltaStep(cfg) for _ in range(cfg.n_h - 1))
+        # What a call reads, decided once: the steps' gates and value maps (step 1's first) as plain tuples of the
+        # registered modules, and the mapping as flags. A sublayer's Python is a dispatch-bound step's time, and a
+        # module attribute or a ModuleList's iteration costs a lookup chain where a tuple costs an index.
+        self.gates = (self.beta_gate, *(step.beta_gate for step in self.further))
+        self.maps_of_c = tuple(gate_input(gate) for gate in self.gates)      # each gate's first Linear
+        self.values = (self.W_v, *(step.W_v for step in self.further))
+        self.value_of_x = cfg.mapping == "k"                # k-Map: v of x_in (in the norm's op); v-Map: of h
+        self.linear_gate = isinstance(self.beta_gate, nn.Linear)
         self.beta_bias_init = _logit(cfg.beta_init / BETA_MAX)
         ops = delta_kernels(cfg.kernels)
         self.update_steps, self.norm_projections = ops.update_steps, ops.norm
@@ -176,47 +189,44 @@ class DeltaResidual(nn.Module):
     def read_input(self, x_in: torch.Tensor, norm: nn.RMSNorm) -> SublayerInput:
         """c = norm(x_in) and every step's gates of c and x_in, in one op: the linear estimator's beta and the k-Map's
         v activated there, the MLP estimator's first map without its bias."""
-        gates = [self.beta_gate] + [step.beta_gate for step in self.further]
-        W_c = _side_by_side([gate_input(gate).weight for gate in gates])
-        b_c = _side_by_side([gate.bias for gate in gates]) if isinstance(self.beta_gate, nn.Linear) else None
-        if self.mapping == "k":
-            values = [self.W_v] + [step.W_v for step in self.further]
-            W_x, b_x = _side_by_side([m.weight for m in values]), _side_by_side([m.bias for m in values])
+        W_c = _side_by_side(self.maps_of_c, "weight")
+        b_c = _side_by_side(self.maps_of_c, "bias") if self.linear_gate else None
+        if self.value_of_x:
+            W_x, b_x = _side_by_side(self.values, "weight"), _side_by_side(self.values, "bias")
         else:
             W_x, b_x = x_in.new_zeros(0, x_in.size(-1)), None
         c, gate, v = self.norm_projections(x_in, norm.weight, W_c, W_x, norm.eps, b_c, b_x, BETA_MAX, self.v_scale)
-        return SublayerInput(x_in, c, gate, v if self.mapping == "k" else None)
+        return SublayerInput(x_in, c, gate, v if self.value_of_x else None)
 
     def components(self, h: torch.Tensor, inp: SublayerInput, gate: torch.Tensor, v: torch.Tensor | None):
         """Step 1's k~ (B,T,d), the key before its normalisation (the update's), beta (B,T,1) fp32, v (B,T,dv)."""
-        if self.mapping == "k":
-            return h, gate_beta(self.beta_gate, gate), v
+        beta = gate if self.linear_gate else gate_beta(self.beta_gate, gate)
+        if self.value_of_x:
+            return h, beta, v
         k_raw = self.phi_k(inp.c if self.read_k_from_context else inp.x_in)
-        return k_raw, gate_beta(self.beta_gate, gate), self.v_scale * torch.sigmoid(self.W_v(h))
+        return k_raw, beta, self.v_scale * torch.sigmoid(self.W_v(h))
 
     def steps(self, h: torch.Tensor, inp: SublayerInput) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Every step's (k~, beta, v) from the sublayer output h and its input (recording the betas)."""
-        gates, values = [inp.gate], [inp.v]
-        if self.further:                                  # each step's share of the norm's gates
-            gates = inp.gate.chunk(1 + len(self.further), -1)
+        if len(self.gates) == 1:
+            steps = [self.components(h, inp, inp.gate, inp.v)]
+        else:
+            gates = inp.gate.chunk(len(self.gates), -1)   # each step's share of the norm's gates
             values = [None] * len(gates) if inp.v is None else inp.v.chunk(len(gates), -1)
-        steps = [self.components(h, inp, gates[0], values[0])]
-        steps += [step.components(h, gate, v, self.v_scale)
-                  for step, gate, v in zip(self.further, gates[1:], values[1:], strict=True)]
+            steps = [self.components(h, inp, gates[0], values[0])]
+            steps += [step.components(h, gate, v, self.v_scale)
+                      for step, gate, v in zip(self.further, gates[1:], values[1:], strict=True)]
         self.last_betas = [beta.detach() for _, beta, _ in steps]
         if self.recording:
             self.last_steps = [tuple(t.detach() for t in step) for step in steps]
         return steps
 
-    def forward(self, X: torch.Tensor, h: torch.Tensor, inp: SublayerInput):
+    def update(self, X: torch.Tensor, h: torch.Tensor, inp: SublayerInput):
+        """(X_new, [(w_j, k~_j)]): a method, not the module's forward, whose call would pass through nn.Module's
+        hook machinery twice a block."""
         steps = self.steps(h, inp)
         X, ws = self.update_steps(X, steps, self.k_eps)   # X <- (I - beta_j k_j k_j^T) X + beta_j k_j v_j^T, j = 1..n_h
         return X, [(w, k_raw) for w, (k_raw, _, _) in zip(ws, steps, strict=True)]
-
-
-def _side_by_side(weights: list[torch.Tensor]) -> torch.Tensor:
-    """The steps' (out, d) maps of one input as one (n out, d) map; one step's as it is."""
-    return weights[0] if len(weights) == 1 else torch.cat(weights)
 
 
 def expand_state(x: torch.Tensor, E: torch.Tensor) -> torch.Tensor:

@@ -136,14 +136,14 @@ class DeltaBlock(nn.Module):
             X_out, _, x_next = self.ops.write(X_mid, X.detach(), k_a.detach(), w_a.detach(), k, beta, v, reader.taps(),
                                               self.delta_mlp.k_eps, store_state)
             return X_out, x_next
-        X, writes = self.delta_attn(X, h, inp)
+        X, writes = self.delta_attn.update(X, h, inp)
         if self.compress is None:
             x_in = self.read(X)
         else:                                  # read(X + sum_j w_j k~_j^T), without another pass over X
             for w, k_raw in writes:
                 x_in = x_in + self.compress.read_write(w, k_raw)
         inp = self.delta_mlp.read_input(x_in, self.norm_mlp)
-        X = self.delta_mlp(X, self.mlp(inp.c), inp)[0]
+        X = self.delta_mlp.update(X, self.mlp(inp.c), inp)[0]
         return X, None if reader is None else reader(X)
 
 

@@ -9,7 +9,9 @@ kernels on CUDA (triton_loops.py, imported on first use there) and as PyTorch op
 neither can run (eager.py, the same math op by op). Every reduction and update is computed in at
 least fp32; the state is stored in its own dtype (ModelConfig.state_dtype: bf16 on CUDA by default).
 The Triton kernels load each input in its own dtype; the C++ and PyTorch-op loops get their inputs
-cast to the computing dtype. For backward the ops save their inputs and a few (B,T,dv) numbers.
+cast to the computing dtype. For backward the ops save their inputs and a few (B,T,dv) numbers; their
+gradients go back in whatever dtype the loops computed them in, and autograd casts each to its input's (eagerly
+and compiled), so the Functions keep no dtypes of their own.
 norm_projections, a sublayer's RMSNorm with the gates' linear maps and activations, is one op too (C++,
 Triton).
 """
@@ -152,7 +154,6 @@ class FusedDeltaUpdate(torch.autograd.Function):
             X_new, w, rho, q = loops.update_forward(*inputs, k_eps ** 2)
         ctx.save_for_backward(*inputs, rho, q)
         ctx.set_materialize_grads(False)                             # w's gradient, None where unused (d_v = 1)
-        ctx.dtypes = (X.dtype, h.dtype, beta.dtype, v.dtype)
         return cast(X_new, X.dtype), w
 
     @staticmethod
@@ -160,14 +161,12 @@ class FusedDeltaUpdate(torch.autograd.Function):
         return *_update_backward(ctx, G, g_w), None
 
 
-def _update_backward(ctx, G, g_w) -> list[torch.Tensor]:
-    """The gradients of an update's X, k~, beta, v (each in its input's dtype) from what the forward saved
-    (g_w None: w unused)."""
+def _update_backward(ctx, G, g_w) -> tuple[torch.Tensor, ...]:
+    """The gradients of an update's X, k~, beta, v from what the forward saved (g_w None: w unused)."""
     X, *_ = saved = ctx.saved_tensors
     with loops_autocast_off(ctx.loops, X):
         G, = computing(ctx.loops, X.dtype, X.new_zeros(()).expand(X.shape) if G is None else G)
-        grads = ctx.loops.update_backward(G, g_w, *saved)
-    return [cast(g, dtype) for g, dtype in zip(grads, ctx.dtypes, strict=True)]
+        return ctx.loops.update_backward(G, g_w, *saved)
 
 
 class DeltaKey(torch.autograd.Function):
@@ -183,7 +182,6 @@ class DeltaKey(torch.autograd.Function):
             inputs = computing(loops, at_least_fp32(X.dtype), X, h, beta, v)
             w, rho, q = loops.key_forward(*inputs, k_eps ** 2)
         ctx.save_for_backward(*inputs, rho, q)
-        ctx.dtypes = (X.dtype, h.dtype, beta.dtype, v.dtype)
         return w, X.new_zeros(()).expand(X.shape)
 
     @staticmethod
@@ -208,8 +206,6 @@ class DeltaWrite(torch.autograd.Function):
             X_out, w, rho, q, x_next = loops.write_forward(*inputs, k_eps ** 2, store_state)
         ctx.save_for_backward(*inputs[:-1], rho, q, inputs[-1])      # write_backward's order: ..., rho, q, A
         ctx.set_materialize_grads(False)                             # an unused output's gradient is None
-        ctx.dtypes = (h.dtype, beta.dtype, v.dtype, A.dtype)
-        ctx.state_dtype = X.dtype
         return cast(X_out, X.dtype), w, x_next
 
     @staticmethod
@@ -221,9 +217,8 @@ class DeltaWrite(torch.autograd.Function):
             G, g_next = (None if g is None else computing(loops, X.dtype, g)[0] for g in (G, g_next))
             if g_next is None:
                 g_next = X.new_zeros(X.shape[:2] + X.shape[3:], dtype=at_least_fp32(X.dtype))
-            G_mid, *grads = loops.write_backward(G, g_w, g_next, *saved)
-        g_h, g_beta, g_v, g_A = (cast(g, dtype) for g, dtype in zip(grads, ctx.dtypes, strict=True))
-        return cast(G_mid, ctx.state_dtype), None, None, None, g_h, g_beta, g_v, g_A, None, None
+            G_mid, g_h, g_beta, g_v, g_A = loops.write_backward(G, g_w, g_next, *saved)
+        return G_mid, None, None, None, g_h, g_beta, g_v, g_A, None, None
 
 
 class FusedDeltaSteps(torch.autograd.Function):
@@ -239,7 +234,6 @@ class FusedDeltaSteps(torch.autograd.Function):
             X_acc, *inputs = computing(loops, at_least_fp32(X.dtype), X, *steps)
             X_new, w, rho, q = loops.update_steps_forward(X_acc, *_by_kind(inputs), k_eps ** 2)
         ctx.save_for_backward(X_acc, *inputs, rho, q)
-        ctx.dtypes = [t.dtype for t in (X, *steps)]
         return cast(X_new, X.dtype), w
 
     @staticmethod
@@ -249,9 +243,7 @@ class FusedDeltaSteps(torch.autograd.Function):
         with loops_autocast_off(loops, X):
             G, = computing(loops, X.dtype, G)
             g_X, g_h, g_beta, g_v = loops.update_steps_backward(G, g_w, X, *_by_kind(inputs), rho, q)
-        grads = [g_X] + [g for s in range(g_h.size(2)) for g in (g_h[:, :, s], g_beta[:, :, s, None], g_v[:, :, s])]
-        g_X, *step_grads = (cast(g, dtype) for g, dtype in zip(grads, ctx.dtypes, strict=True))
-        return g_X, None, *step_grads
+        return g_X, None, *(g for s in range(g_h.size(2)) for g in (g_h[:, :, s], g_beta[:, :, s, None], g_v[:, :, s]))
 
 
 def _by_kind(steps: list) -> tuple[list, list, list]:
@@ -271,11 +263,10 @@ def update_steps(X, steps, k_eps: float):
 
 def _keeping_inputs(name: str, op: str, doc: str) -> type[torch.autograd.Function]:
     """An autograd Function that saves its inputs and runs the loops' <op>_forward(*inputs), then
-    <op>_backward(g, *inputs): what the three ops that need nothing else for backward share. Their outputs and
-    gradients are in the computing dtype (at least fp32, whatever the inputs')."""
+    <op>_backward(g, *inputs): what the three ops that need nothing else for backward share. Their outputs are in the
+    computing dtype (at least fp32, whatever the inputs')."""
     def forward(ctx, *inputs):
         ctx.loops = loops = loops_for(inputs[0])
-        ctx.dtypes = [t.dtype for t in inputs]
         with loops_autocast_off(loops, inputs[0]):
             inputs = computing(loops, at_least_fp32(inputs[0].dtype), *inputs)
             ctx.save_for_backward(*inputs)
@@ -285,8 +276,7 @@ def _keeping_inputs(name: str, op: str, doc: str) -> type[torch.autograd.Functio
         saved = ctx.saved_tensors
         with loops_autocast_off(ctx.loops, g):
             g, = computing(ctx.loops, at_least_fp32(saved[0].dtype), g)
-            grads = getattr(ctx.loops, f"{op}_backward")(g, *saved)
-        return tuple(cast(grad, dtype) for grad, dtype in zip(grads, ctx.dtypes, strict=True))
+            return getattr(ctx.loops, f"{op}_backward")(g, *saved)
 
     return type(name, (torch.autograd.Function,),
                 {"__doc__": doc, "forward": staticmethod(forward), "backward": staticmethod(backward)})
@@ -334,7 +324,6 @@ class FusedNormProjections(torch.autograd.Function):
             c, y_c, y_x, rho = loops.norm_forward(*inputs, s_c, s_x, eps)
         ctx.save_for_backward(*inputs, rho, y_c, y_x)
         ctx.scales = s_c, s_x
-        ctx.dtypes = [None if t is None else t.dtype for t in (x, weight, W_c, W_x, b_c, b_x)]
         return cast(c, c_dtype), y_c, y_x
 
     @staticmethod
@@ -343,6 +332,5 @@ class FusedNormProjections(torch.autograd.Function):
         loops = ctx.loops
         grads = [t.new_zeros(t.shape) if g is None else computing(loops, x.dtype, g)[0]
                  for g, t in ((g_c, x), (g_yc, y_c), (g_yx, y_x))]
-        grads = loops.norm_backward(*grads, x, weight, W_c, W_x, b_c, b_x, *ctx.scales, rho, y_c, y_x)
-        return (*(None if dtype is None else cast(g, dtype) for g, dtype in zip(grads, ctx.dtypes, strict=True)),
-                None, None, None)
+        *grads, g_bc, g_bx = loops.norm_backward(*grads, x, weight, W_c, W_x, b_c, b_x, *ctx.scales, rho, y_c, y_x)
+        return *grads, None if b_c is None else g_bc, None if b_x is None else g_bx, None, None, None
