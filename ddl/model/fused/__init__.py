@@ -26,6 +26,7 @@ import torch
 
 from ..torch_private import assume_constant_result
 from . import eager, native
+from .eager import autocast_off  # noqa: F401 - the model's own autocast switch, re-exported
 
 _emulating_cuda = False
 
@@ -57,28 +58,22 @@ def loops_for(t: torch.Tensor):
     return torch.ops.ddl_delta if _runs_cpp(t) else eager
 
 
-def computing(loops, acc: torch.dtype, *tensors: torch.Tensor) -> list[torch.Tensor]:
+def loops_and_inputs(*tensors: torch.Tensor) -> tuple:
+    """(loops_for(the first), the tensors (or Nones) as those loops take them): what an op's forward starts with, in one
+    call (a dispatch-bound step pays each)."""
+    loops = loops_for(tensors[0])
+    return loops, computing(loops, torch.promote_types(tensors[0].dtype, torch.float32), *tensors)
+
+
+def computing(loops, acc: torch.dtype, *tensors: torch.Tensor) -> tuple | list:
     """The tensors (or Nones) as `loops` take them: as they are for the Triton kernels, which load each in its dtype
     and compute in fp32; cast to the computing dtype acc for the C++ and PyTorch-op loops, which take one dtype."""
-    if loops is torch.ops.ddl_triton:
-        return list(tensors)
+    if loops is _TRITON:
+        return tensors
     return [t if t is None or t.dtype == acc else t.to(acc) for t in tensors]
 
 
-def autocast_off(device: str):
-    """torch.autocast(device, enabled=False) where autocast is on, else nothing to leave: entering one costs tens of
-    microseconds, a dispatch-bound step's worth over its hundreds of op calls."""
-    return torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else _NOTHING
-
-
-_NOTHING = contextlib.nullcontext()
-
-
-def loops_autocast_off(loops, t: torch.Tensor):
-    """What `loops` run under for tensors like t: autocast off for the PyTorch-op loops, whose matmuls it would
-    recast; nothing for the C++ and Triton ops, which autocast does not touch (each check costs a dispatch-bound
-    step)."""
-    return autocast_off(t.device.type) if loops is eager else _NOTHING
+_TRITON = torch.ops.ddl_triton     # the Triton loops' namespace (its ops registered when triton_loops is imported)
 
 
 def state_dtype(setting: str, x: torch.Tensor) -> torch.dtype:
@@ -148,10 +143,8 @@ class FusedDeltaUpdate(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, X, h, beta, v, k_eps: float):
-        ctx.loops = loops = loops_for(X)
-        with loops_autocast_off(loops, X):
-            inputs = computing(loops, at_least_fp32(X.dtype), X, h, beta, v)
-            X_new, w, rho, q = loops.update_forward(*inputs, k_eps ** 2)
+        ctx.loops, inputs = loops_and_inputs(X, h, beta, v)
+        X_new, w, rho, q = ctx.loops.update_forward(*inputs, k_eps ** 2)
         ctx.save_for_backward(*inputs, rho, q)
         ctx.set_materialize_grads(False)                             # w's gradient, None where unused (d_v = 1)
         return cast(X_new, X.dtype), w
@@ -164,9 +157,8 @@ class FusedDeltaUpdate(torch.autograd.Function):
 def _update_backward(ctx, G, g_w) -> tuple[torch.Tensor, ...]:
     """The gradients of an update's X, k~, beta, v from what the forward saved (g_w None: w unused)."""
     X, *_ = saved = ctx.saved_tensors
-    with loops_autocast_off(ctx.loops, X):
-        G, = computing(ctx.loops, X.dtype, X.new_zeros(()).expand(X.shape) if G is None else G)
-        return ctx.loops.update_backward(G, g_w, *saved)
+    G, = computing(ctx.loops, X.dtype, X.new_zeros(()).expand(X.shape) if G is None else G)
+    return ctx.loops.update_backward(G, g_w, *saved)
 
 
 class DeltaKey(torch.autograd.Function):
@@ -177,10 +169,8 @@ class DeltaKey(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, X, h, beta, v, k_eps: float):
-        ctx.loops = loops = loops_for(X)
-        with loops_autocast_off(loops, X):
-            inputs = computing(loops, at_least_fp32(X.dtype), X, h, beta, v)
-            w, rho, q = loops.key_forward(*inputs, k_eps ** 2)
+        ctx.loops, inputs = loops_and_inputs(X, h, beta, v)
+        w, rho, q = ctx.loops.key_forward(*inputs, k_eps ** 2)
         ctx.save_for_backward(*inputs, rho, q)
         return w, X.new_zeros(()).expand(X.shape)
 
@@ -199,11 +189,8 @@ class DeltaWrite(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, handle, X, h_a, w_a, h, beta, v, A, k_eps: float, store_state: bool):
-        ctx.loops = loops = loops_for(X)
-        acc = at_least_fp32(X.dtype)
-        with loops_autocast_off(loops, X):
-            inputs = computing(loops, acc, X, h_a, w_a, h, beta, v, A)
-            X_out, w, rho, q, x_next = loops.write_forward(*inputs, k_eps ** 2, store_state)
+        ctx.loops, inputs = loops_and_inputs(X, h_a, w_a, h, beta, v, A)
+        X_out, w, rho, q, x_next = ctx.loops.write_forward(*inputs, k_eps ** 2, store_state)
         ctx.save_for_backward(*inputs[:-1], rho, q, inputs[-1])      # write_backward's order: ..., rho, q, A
         ctx.set_materialize_grads(False)                             # an unused output's gradient is None
         return cast(X_out, X.dtype), w, x_next
@@ -213,11 +200,10 @@ class DeltaWrite(torch.autograd.Function):
         X, *_ = saved = ctx.saved_tensors
         loops = ctx.loops
         G = None if G is not None and G.numel() == 0 else G          # the unstored state's (compiled: zeros)
-        with loops_autocast_off(loops, X):
-            G, g_next = (None if g is None else computing(loops, X.dtype, g)[0] for g in (G, g_next))
-            if g_next is None:
-                g_next = X.new_zeros(X.shape[:2] + X.shape[3:], dtype=at_least_fp32(X.dtype))
-            G_mid, g_h, g_beta, g_v, g_A = loops.write_backward(G, g_w, g_next, *saved)
+        G, g_next = computing(loops, X.dtype, G, g_next)
+        if g_next is None:
+            g_next = X.new_zeros(X.shape[:2] + X.shape[3:], dtype=at_least_fp32(X.dtype))
+        G_mid, g_h, g_beta, g_v, g_A = loops.write_backward(G, g_w, g_next, *saved)
         return G_mid, None, None, None, g_h, g_beta, g_v, g_A, None, None
 
 
@@ -229,10 +215,8 @@ class FusedDeltaSteps(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, X, k_eps: float, *steps):
-        ctx.loops = loops = loops_for(X)
-        with loops_autocast_off(loops, X):
-            X_acc, *inputs = computing(loops, at_least_fp32(X.dtype), X, *steps)
-            X_new, w, rho, q = loops.update_steps_forward(X_acc, *_by_kind(inputs), k_eps ** 2)
+        ctx.loops, (X_acc, *inputs) = loops_and_inputs(X, *steps)
+        X_new, w, rho, q = ctx.loops.update_steps_forward(X_acc, *_by_kind(inputs), k_eps ** 2)
         ctx.save_for_backward(X_acc, *inputs, rho, q)
         return cast(X_new, X.dtype), w
 
@@ -240,9 +224,8 @@ class FusedDeltaSteps(torch.autograd.Function):
     def backward(ctx, G, g_w):
         X, *inputs, rho, q = ctx.saved_tensors
         loops = ctx.loops
-        with loops_autocast_off(loops, X):
-            G, = computing(loops, X.dtype, G)
-            g_X, g_h, g_beta, g_v = loops.update_steps_backward(G, g_w, X, *_by_kind(inputs), rho, q)
+        G, = computing(loops, X.dtype, G)
+        g_X, g_h, g_beta, g_v = loops.update_steps_backward(G, g_w, X, *_by_kind(inputs), rho, q)
         return g_X, None, *(g for s in range(g_h.size(2)) for g in (g_h[:, :, s], g_beta[:, :, s, None], g_v[:, :, s]))
 
 
@@ -266,17 +249,14 @@ def _keeping_inputs(name: str, op: str, doc: str) -> type[torch.autograd.Functio
     <op>_backward(g, *inputs): what the three ops that need nothing else for backward share. Their outputs are in the
     computing dtype (at least fp32, whatever the inputs')."""
     def forward(ctx, *inputs):
-        ctx.loops = loops = loops_for(inputs[0])
-        with loops_autocast_off(loops, inputs[0]):
-            inputs = computing(loops, at_least_fp32(inputs[0].dtype), *inputs)
-            ctx.save_for_backward(*inputs)
-            return getattr(loops, f"{op}_forward")(*inputs)
+        ctx.loops, inputs = loops_and_inputs(*inputs)
+        ctx.save_for_backward(*inputs)
+        return getattr(ctx.loops, f"{op}_forward")(*inputs)
 
     def backward(ctx, g):
         saved = ctx.saved_tensors
-        with loops_autocast_off(ctx.loops, g):
-            g, = computing(ctx.loops, at_least_fp32(saved[0].dtype), g)
-            return getattr(ctx.loops, f"{op}_backward")(g, *saved)
+        g, = computing(ctx.loops, saved[0].dtype, g)
+        return getattr(ctx.loops, f"{op}_backward")(g, *saved)
 
     return type(name, (torch.autograd.Function,),
                 {"__doc__": doc, "forward": staticmethod(forward), "backward": staticmethod(backward)})
@@ -300,7 +280,7 @@ def norm_projections(x, weight, W_c, W_x, eps: float, b_c=None, b_x=None, s_c: f
     loops = loops_for(x)
     if loops is eager:
         return eager.norm_projections(x, weight, W_c, W_x, eps, b_c, b_x, s_c, s_x)
-    if loops is torch.ops.ddl_triton and W_c.size(0) > MAX_FOLDED_MAPS:
+    if loops is _TRITON and W_c.size(0) > MAX_FOLDED_MAPS:
         c, _, y_x = FusedNormProjections.apply(x, weight, W_c[:0], W_x, None, b_x, 1.0, s_x, eps)
         return c, eager.gate(torch.nn.functional.linear(c, W_c), b_c, s_c), y_x
     return FusedNormProjections.apply(x, weight, W_c, W_x, b_c, b_x, s_c, s_x, eps)
@@ -316,9 +296,9 @@ class FusedNormProjections(torch.autograd.Function):
     def forward(ctx, x, weight, W_c, W_x, b_c, b_x, s_c: float, s_x: float, eps: float):
         device = x.device.type
         c_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-        ctx.loops = loops = loops_for(x)
-        inputs = computing(loops, at_least_fp32(x.dtype), x, weight, W_c, W_x, b_c, b_x)
-        if loops is torch.ops.ddl_triton:
+        loops, inputs = loops_and_inputs(x, weight, W_c, W_x, b_c, b_x)
+        ctx.loops = loops
+        if loops is _TRITON:
             c, y_c, y_x, rho = loops.norm_forward(*inputs, s_c, s_x, eps, c_dtype)
         else:
             c, y_c, y_x, rho = loops.norm_forward(*inputs, s_c, s_x, eps)
@@ -330,7 +310,7 @@ class FusedNormProjections(torch.autograd.Function):
     def backward(ctx, g_c, g_yc, g_yx):
         x, weight, W_c, W_x, b_c, b_x, rho, y_c, y_x = ctx.saved_tensors
         loops = ctx.loops
-        grads = [t.new_zeros(t.shape) if g is None else computing(loops, x.dtype, g)[0]
-                 for g, t in ((g_c, x), (g_yc, y_c), (g_yx, y_x))]
+        grads = [t.new_zeros(t.shape) if g is None else g
+                 for g, t in zip(computing(loops, x.dtype, g_c, g_yc, g_yx), (x, y_c, y_x), strict=True)]
         *grads, g_bc, g_bx = loops.norm_backward(*grads, x, weight, W_c, W_x, b_c, b_x, *ctx.scales, rho, y_c, y_x)
         return *grads, None if b_c is None else g_bc, None if b_x is None else g_bx, None, None, None

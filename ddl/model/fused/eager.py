@@ -1,16 +1,40 @@
 """The fused ops' loops as PyTorch ops, for any device: what cpu.cpp does on CPU, op by op.
 
 The same functions and signatures as cpu.cpp's ops (its header has the symbols), each a few
-passes of dot products and multiply-adds; and norm_projections, the plain form of that fused op, with
-its gates' activation (gate).
+passes of dot products and multiply-adds, run with autocast off (`exact`: they compute in the dtypes they are given,
+as the C++ and Triton ops do); and norm_projections, the plain form of that fused op, with its gates' activation
+(gate), which autocast applies to as to any of the model's ops.
 """
 
 from __future__ import annotations
+
+import contextlib
+import functools
 
 import torch
 import torch.nn.functional as F
 
 
+def autocast_off(device: str):
+    """torch.autocast(device, enabled=False) where autocast is on, else nothing to leave: entering one costs tens of
+    microseconds, a dispatch-bound step's worth over its hundreds of op calls."""
+    return torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else _NOTHING
+
+
+_NOTHING = contextlib.nullcontext()
+
+
+def exact(op):
+    """op run with autocast off where it is on (autocast would recast its matmuls); its device is its first tensor's."""
+    @functools.wraps(op)
+    def run(*args):
+        device = next(a for a in args if isinstance(a, torch.Tensor)).device.type
+        with autocast_off(device):
+            return op(*args)
+    return run
+
+
+@exact
 def update_forward(X, h, beta, v, eps2: float):
     """X (B,T,dv,d), h = k~ (B,T,d), beta (B,T,1), v (B,T,dv) -> X + w k~^T, w, rho, q = X k~."""
     k = h.unsqueeze(-2)                                                          # (B,T,1,d)
@@ -25,6 +49,7 @@ def write_coefficient(beta, rho, v, q):
     return beta * rho * (v - rho * q)
 
 
+@exact
 def update_backward(G, g_w, X, h, beta, v, rho, q):
     """Gradients of update_forward's (X_new, w) for X, h, beta, v, given G = dL/dX_new, g_w = dL/dw or None."""
     k = h.unsqueeze(-2)
@@ -41,6 +66,7 @@ def update_backward(G, g_w, X, h, beta, v, rho, q):
     return g_X, g_h, g_beta, g_res
 
 
+@exact
 def key_forward(X, h, beta, v, eps2: float):
     """update_forward without its new state: w, rho, q (the attention's update, whose state only its handle carries)."""
     rho = torch.rsqrt(torch.linalg.vecdot(h, h).unsqueeze(-1) + eps2)
@@ -53,6 +79,7 @@ def mid_state(X, h_a, w_a):
     return torch.addcmul(X, w_a.unsqueeze(-1), h_a.unsqueeze(-2))
 
 
+@exact
 def write_forward(X, h_a, w_a, h, beta, v, A, eps2: float, store_state: bool):
     """The MLP's update of the mid state X + w_a k~_a^T and the next read of its result: X_out (empty when not
     store_state), w, rho, q, and x_next = read_forward(X_out, A)."""
@@ -60,6 +87,7 @@ def write_forward(X, h_a, w_a, h, beta, v, A, eps2: float, store_state: bool):
     return X_out if store_state else X_out.new_empty(0), w, rho, q, read_forward(X_out, A)
 
 
+@exact
 def write_backward(G, g_w, g_next, X, h_a, w_a, h, beta, v, rho, q, A):
     """Gradients of write_forward's (X_out, w, x_next), G = dL/dX_out (None: not stored): dL/dX_mid, dL/dk~,
     dL/dbeta, dL/dv and dL/dA."""
@@ -70,6 +98,7 @@ def write_backward(G, g_w, g_next, X, h_a, w_a, h, beta, v, rho, q, A):
     return G_mid, g_h, g_beta, g_v, g_A
 
 
+@exact
 def update_steps_forward(X, h, beta, v, eps2: float):
     """The S updates of a sublayer in turn, step s's k~, beta, v = h[s], beta[s], v[s]: X_S and each step's
     w, rho, q stacked by step, (B,T,S,dv), (B,T,S), (B,T,S,dv)."""
@@ -81,6 +110,7 @@ def update_steps_forward(X, h, beta, v, eps2: float):
     return X, w, rho.squeeze(-1), q
 
 
+@exact
 def update_steps_backward(G, g_w, X, h, beta, v, rho, q):
     """Gradients of update_steps_forward's (X_S, w) for X and each step's k~, beta, v (stacked by step, as w):
     the states X_1 .. X_{S-1} recomputed from X, then each step's backward in reverse."""
@@ -98,6 +128,7 @@ def update_steps_backward(G, g_w, X, h, beta, v, rho, q):
     return G, g_h, g_beta.squeeze(-1), g_v
 
 
+@exact
 def read_forward(X, A):
     """x[t] = sum over lag, j of A[j, :, L-1-lag] * X[t-lag, j, :]; X (B,T,dv,d), A (dv,d,L) -> (B,T,d)."""
     T, dv, L = X.size(1), X.size(2), A.size(-1)
@@ -109,6 +140,7 @@ def read_forward(X, A):
     return x
 
 
+@exact
 def read_backward(g, X, A):
     """Shifts the (B,T,d) gradient instead of slicing the state: every pass over the state is contiguous."""
     B, T, dv, d = X.shape
@@ -124,6 +156,7 @@ def read_backward(g, X, A):
     return g_X, g_A
 
 
+@exact
 def rank_one_forward(w, h, A):
     """read_forward of the rank-1 state w k~^T from its factors w (B,T,dv), h = k~ (B,T,d)."""
     T, L = w.size(1), A.size(-1)
@@ -133,6 +166,7 @@ def rank_one_forward(w, h, A):
     return x
 
 
+@exact
 def rank_one_backward(g, w, h, A):
     dv, d, L = A.shape
     g_w, g_h, g_A = torch.zeros_like(w), torch.zeros_like(h), torch.zeros_like(A)
@@ -145,6 +179,7 @@ def rank_one_backward(g, w, h, A):
     return g_w, g_h, g_A
 
 
+@exact
 def expand_forward(x, E):
     """X[t, j] = sum over lag of E[j, :, L-1-lag] * x[t-lag]; x (B,T,d), E (dv,d,L) -> (B,T,dv,d)."""
     T, L = x.size(1), E.size(-1)
@@ -154,6 +189,7 @@ def expand_forward(x, E):
     return X
 
 
+@exact
 def expand_backward(g, x, E):
     dv, d, L = E.shape
     g_x, g_E = torch.zeros_like(x), torch.zeros_like(E)
