@@ -8,10 +8,10 @@ by native.py: one pass over each tensor per op and direction, parallel over toke
 kernels on CUDA (triton_loops.py, imported on first use there) and as PyTorch ops elsewhere or where
 neither can run (eager.py, the same math op by op). Every reduction and update is computed in at
 least fp32; the state is stored in its own dtype (ModelConfig.state_dtype: bf16 on CUDA by default).
-The Triton kernels load each input in its own dtype; the C++ and PyTorch-op loops get their inputs
-cast to the computing dtype. For backward the ops save their inputs and a few (B,T,dv) numbers; their
-gradients go back in whatever dtype the loops computed them in, and autograd casts each to its input's (eagerly
-and compiled), so the Functions keep no dtypes of their own.
+Every loop takes its inputs in whatever dtypes they come in: the Triton kernels load each in its own, the C++ ops
+and the PyTorch-op loops cast them to the computing dtype (the state's, at least fp32) themselves. For backward the
+ops save their inputs as given and a few (B,T,dv) numbers; their gradients go back in the dtype the loops computed
+them in, and autograd casts each to its input's (eagerly and compiled), so a Function's body is its loops' call.
 norm_projections, a sublayer's RMSNorm with the gates' linear maps and activations, is one op too (C++,
 Triton).
 """
@@ -56,21 +56,6 @@ def loops_for(t: torch.Tensor):
     if on_cuda_path(t) and t.dtype != torch.float64 and _triton():
         return torch.ops.ddl_triton
     return torch.ops.ddl_delta if _runs_cpp(t) else eager
-
-
-def loops_and_inputs(*tensors: torch.Tensor) -> tuple:
-    """(loops_for(the first), the tensors (or Nones) as those loops take them): what an op's forward starts with, in one
-    call (a dispatch-bound step pays each)."""
-    loops = loops_for(tensors[0])
-    return loops, computing(loops, torch.promote_types(tensors[0].dtype, torch.float32), *tensors)
-
-
-def computing(loops, acc: torch.dtype, *tensors: torch.Tensor) -> tuple | list:
-    """The tensors (or Nones) as `loops` take them: as they are for the Triton kernels, which load each in its dtype
-    and compute in fp32; cast to the computing dtype acc for the C++ and PyTorch-op loops, which take one dtype."""
-    if loops is _TRITON:
-        return tensors
-    return [t if t is None or t.dtype == acc else t.to(acc) for t in tensors]
 
 
 _TRITON = torch.ops.ddl_triton     # the Triton loops' namespace (its ops registered when triton_loops is imported)
@@ -143,9 +128,9 @@ class FusedDeltaUpdate(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, X, h, beta, v, k_eps: float):
-        ctx.loops, inputs = loops_and_inputs(X, h, beta, v)
-        X_new, w, rho, q = ctx.loops.update_forward(*inputs, k_eps ** 2)
-        ctx.save_for_backward(*inputs, rho, q)
+        ctx.loops = loops_for(X)
+        X_new, w, rho, q = ctx.loops.update_forward(X, h, beta, v, k_eps ** 2)
+        ctx.save_for_backward(X, h, beta, v, rho, q)
         ctx.set_materialize_grads(False)                             # w's gradient, None where unused (d_v = 1)
         return cast(X_new, X.dtype), w
 
@@ -157,8 +142,7 @@ class FusedDeltaUpdate(torch.autograd.Function):
 def _update_backward(ctx, G, g_w) -> tuple[torch.Tensor, ...]:
     """The gradients of an update's X, k~, beta, v from what the forward saved (g_w None: w unused)."""
     X, *_ = saved = ctx.saved_tensors
-    G, = computing(ctx.loops, X.dtype, X.new_zeros(()).expand(X.shape) if G is None else G)
-    return ctx.loops.update_backward(G, g_w, *saved)
+    return ctx.loops.update_backward(X.new_zeros(()).expand(X.shape) if G is None else G, g_w, *saved)
 
 
 class DeltaKey(torch.autograd.Function):
@@ -169,9 +153,9 @@ class DeltaKey(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, X, h, beta, v, k_eps: float):
-        ctx.loops, inputs = loops_and_inputs(X, h, beta, v)
-        w, rho, q = ctx.loops.key_forward(*inputs, k_eps ** 2)
-        ctx.save_for_backward(*inputs, rho, q)
+        ctx.loops = loops_for(X)
+        w, rho, q = ctx.loops.key_forward(X, h, beta, v, k_eps ** 2)
+        ctx.save_for_backward(X, h, beta, v, rho, q)
         return w, X.new_zeros(()).expand(X.shape)
 
     @staticmethod
@@ -189,9 +173,9 @@ class DeltaWrite(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, handle, X, h_a, w_a, h, beta, v, A, k_eps: float, store_state: bool):
-        ctx.loops, inputs = loops_and_inputs(X, h_a, w_a, h, beta, v, A)
-        X_out, w, rho, q, x_next = ctx.loops.write_forward(*inputs, k_eps ** 2, store_state)
-        ctx.save_for_backward(*inputs[:-1], rho, q, inputs[-1])      # write_backward's order: ..., rho, q, A
+        ctx.loops = loops_for(X)
+        X_out, w, rho, q, x_next = ctx.loops.write_forward(X, h_a, w_a, h, beta, v, A, k_eps ** 2, store_state)
+        ctx.save_for_backward(X, h_a, w_a, h, beta, v, rho, q, A)   # write_backward's order
         ctx.set_materialize_grads(False)                             # an unused output's gradient is None
         return cast(X_out, X.dtype), w, x_next
 
@@ -200,7 +184,6 @@ class DeltaWrite(torch.autograd.Function):
         X, *_ = saved = ctx.saved_tensors
         loops = ctx.loops
         G = None if G is not None and G.numel() == 0 else G          # the unstored state's (compiled: zeros)
-        G, g_next = computing(loops, X.dtype, G, g_next)
         if g_next is None:
             g_next = X.new_zeros(X.shape[:2] + X.shape[3:], dtype=at_least_fp32(X.dtype))
         G_mid, g_h, g_beta, g_v, g_A = loops.write_backward(G, g_w, g_next, *saved)
@@ -215,16 +198,15 @@ class FusedDeltaSteps(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, X, k_eps: float, *steps):
-        ctx.loops, (X_acc, *inputs) = loops_and_inputs(X, *steps)
-        X_new, w, rho, q = ctx.loops.update_steps_forward(X_acc, *_by_kind(inputs), k_eps ** 2)
-        ctx.save_for_backward(X_acc, *inputs, rho, q)
+        ctx.loops = loops_for(X)
+        X_new, w, rho, q = ctx.loops.update_steps_forward(X, *_by_kind(steps), k_eps ** 2)
+        ctx.save_for_backward(X, *steps, rho, q)
         return cast(X_new, X.dtype), w
 
     @staticmethod
     def backward(ctx, G, g_w):
         X, *inputs, rho, q = ctx.saved_tensors
         loops = ctx.loops
-        G, = computing(loops, X.dtype, G)
         g_X, g_h, g_beta, g_v = loops.update_steps_backward(G, g_w, X, *_by_kind(inputs), rho, q)
         return g_X, None, *(g for s in range(g_h.size(2)) for g in (g_h[:, :, s], g_beta[:, :, s, None], g_v[:, :, s]))
 
@@ -249,14 +231,12 @@ def _keeping_inputs(name: str, op: str, doc: str) -> type[torch.autograd.Functio
     <op>_backward(g, *inputs): what the three ops that need nothing else for backward share. Their outputs are in the
     computing dtype (at least fp32, whatever the inputs')."""
     def forward(ctx, *inputs):
-        ctx.loops, inputs = loops_and_inputs(*inputs)
+        ctx.loops = loops_for(inputs[0])
         ctx.save_for_backward(*inputs)
         return getattr(ctx.loops, f"{op}_forward")(*inputs)
 
     def backward(ctx, g):
-        saved = ctx.saved_tensors
-        g, = computing(ctx.loops, saved[0].dtype, g)
-        return getattr(ctx.loops, f"{op}_backward")(g, *saved)
+        return getattr(ctx.loops, f"{op}_backward")(g, *ctx.saved_tensors)
 
     return type(name, (torch.autograd.Function,),
                 {"__doc__": doc, "forward": staticmethod(forward), "backward": staticmethod(backward)})
@@ -296,13 +276,12 @@ class FusedNormProjections(torch.autograd.Function):
     def forward(ctx, x, weight, W_c, W_x, b_c, b_x, s_c: float, s_x: float, eps: float):
         device = x.device.type
         c_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-        loops, inputs = loops_and_inputs(x, weight, W_c, W_x, b_c, b_x)
-        ctx.loops = loops
+        ctx.loops = loops = loops_for(x)
         if loops is _TRITON:
-            c, y_c, y_x, rho = loops.norm_forward(*inputs, s_c, s_x, eps, c_dtype)
+            c, y_c, y_x, rho = loops.norm_forward(x, weight, W_c, W_x, b_c, b_x, s_c, s_x, eps, c_dtype)
         else:
-            c, y_c, y_x, rho = loops.norm_forward(*inputs, s_c, s_x, eps)
-        ctx.save_for_backward(*inputs, rho, y_c, y_x)
+            c, y_c, y_x, rho = loops.norm_forward(x, weight, W_c, W_x, b_c, b_x, s_c, s_x, eps)
+        ctx.save_for_backward(x, weight, W_c, W_x, b_c, b_x, rho, y_c, y_x)
         ctx.scales = s_c, s_x
         return cast(c, c_dtype), y_c, y_x
 
@@ -310,7 +289,6 @@ class FusedNormProjections(torch.autograd.Function):
     def backward(ctx, g_c, g_yc, g_yx):
         x, weight, W_c, W_x, b_c, b_x, rho, y_c, y_x = ctx.saved_tensors
         loops = ctx.loops
-        grads = [t.new_zeros(t.shape) if g is None else g
-                 for g, t in zip(computing(loops, x.dtype, g_c, g_yc, g_yx), (x, y_c, y_x), strict=True)]
+        grads = [t.new_zeros(t.shape) if g is None else g for g, t in ((g_c, x), (g_yc, y_c), (g_yx, y_x))]
         *grads, g_bc, g_bx = loops.norm_backward(*grads, x, weight, W_c, W_x, b_c, b_x, *ctx.scales, rho, y_c, y_x)
         return *grads, None if b_c is None else g_bc, None if b_x is None else g_bx, None, None, None

@@ -573,6 +573,12 @@ void norm_backward_loop(const T* g_c, const T* g_yc, const T* g_yx, const T* x, 
 template <typename T>
 const T* ptr(const Tensor& t) { return t.const_data_ptr<T>(); }
 
+// The dtype an op computes in: its state's (or first input's), at least float.
+at::ScalarType computing_type(const Tensor& t) { return at::promote_types(t.scalar_type(), at::kFloat); }
+
+// t contiguous in the computing dtype acc: itself where it already is (no copy, no op call).
+Tensor computed(const Tensor& t, at::ScalarType acc) { return (t.scalar_type() == acc ? t : t.to(acc)).contiguous(); }
+
 // The loops index raw memory: every op first checks the shapes it relies on.
 void check_shape(const Tensor& t, at::IntArrayRef shape, const char* name) {
   TORCH_CHECK(t.sizes() == shape, "ddl_delta: ", name, " has shape ", t.sizes(), ", expected ", shape);
@@ -595,7 +601,8 @@ void check_taps(const Tensor& A, int64_t dv, int64_t d) {
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> update_forward(const Tensor& X_, const Tensor& h_, const Tensor& beta_,
                                                           const Tensor& v_, double eps2) {
-  const Tensor X = X_.contiguous(), h = h_.contiguous(), beta = beta_.contiguous(), v = v_.contiguous();
+  const at::ScalarType acc = computing_type(X_);
+  const Tensor X = computed(X_, acc), h = computed(h_, acc), beta = computed(beta_, acc), v = computed(v_, acc);
   check_state(X, h);
   const int64_t d = X.size(-1), dv = X.size(-2);
   check_shape(beta, {X.size(0), X.size(1), 1}, "beta");
@@ -613,9 +620,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> update_forward(const Tensor& X_, cons
 std::tuple<Tensor, Tensor, Tensor, Tensor> update_backward(const Tensor& G_, const std::optional<Tensor>& g_w_,
                                                            const Tensor& X_, const Tensor& h_, const Tensor& beta_,
                                                            const Tensor& v_, const Tensor& rho_, const Tensor& q_) {
-  const Tensor G = G_.contiguous(), X = X_.contiguous(), h = h_.contiguous(), beta = beta_.contiguous();
-  const Tensor v = v_.contiguous(), rho = rho_.contiguous(), q = q_.contiguous();
-  const Tensor g_w = g_w_ ? g_w_->contiguous() : Tensor();
+  const at::ScalarType acc = computing_type(X_);
+  const Tensor G = computed(G_, acc), X = computed(X_, acc), h = computed(h_, acc), beta = computed(beta_, acc);
+  const Tensor v = computed(v_, acc), rho = computed(rho_, acc), q = computed(q_, acc);
+  const Tensor g_w = g_w_ ? computed(*g_w_, acc) : Tensor();
   check_state(X, h);
   const int64_t d = X.size(-1), dv = X.size(-2);
   check_shape(G, X.sizes(), "dL/dX");
@@ -634,7 +642,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> update_backward(const Tensor& G_, con
 
 std::tuple<Tensor, Tensor, Tensor> key_forward(const Tensor& X_, const Tensor& h_, const Tensor& beta_, const Tensor& v_,
                                                double eps2) {
-  const Tensor X = X_.contiguous(), h = h_.contiguous(), beta = beta_.contiguous(), v = v_.contiguous();
+  const at::ScalarType acc = computing_type(X_);
+  const Tensor X = computed(X_, acc), h = computed(h_, acc), beta = computed(beta_, acc), v = computed(v_, acc);
   check_state(X, h);
   const int64_t d = X.size(-1), dv = X.size(-2);
   check_shape(beta, {X.size(0), X.size(1), 1}, "beta");
@@ -655,8 +664,9 @@ struct WriteInputs {
 
   WriteInputs(const Tensor& X_, const Tensor& h_a_, const Tensor& w_a_, const Tensor& h_, const Tensor& beta_,
               const Tensor& v_, const Tensor& A)
-      : X(X_.contiguous()), h_a(h_a_.contiguous()), w_a(w_a_.contiguous()), h(h_.contiguous()),
-        beta(beta_.contiguous()), v(v_.contiguous()) {
+      : X(computed(X_, computing_type(X_))), h_a(computed(h_a_, X.scalar_type())),
+        w_a(computed(w_a_, X.scalar_type())), h(computed(h_, X.scalar_type())), beta(computed(beta_, X.scalar_type())),
+        v(computed(v_, X.scalar_type())) {
     check_state(X, h);
     check_state(X, h_a);
     const int64_t B = X.size(0), T = X.size(1), dv = X.size(2);
@@ -691,8 +701,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> write_backward(
     const Tensor& q_, const Tensor& A) {
   const WriteInputs in(X_, h_a_, w_a_, h_, beta_, v_, A);
   const int64_t B = in.X.size(0), T = in.X.size(1), dv = in.X.size(2), d = in.X.size(3), L = in.A_lag.size(0);
-  const Tensor G = G_ ? G_->contiguous() : Tensor(), g_w = g_w_ ? g_w_->contiguous() : Tensor();
-  const Tensor g_next = g_next_.contiguous(), rho = rho_.contiguous(), q = q_.contiguous();
+  const at::ScalarType acc = in.X.scalar_type();
+  const Tensor G = G_ ? computed(*G_, acc) : Tensor(), g_w = g_w_ ? computed(*g_w_, acc) : Tensor();
+  const Tensor g_next = computed(g_next_, acc), rho = computed(rho_, acc), q = computed(q_, acc);
   if (G.defined()) check_shape(G, in.X.sizes(), "dL/dX_out");
   if (g_w.defined()) check_shape(g_w, in.v.sizes(), "dL/dw");
   check_shape(g_next, {B, T, d}, "dL/dx_next");
@@ -721,7 +732,8 @@ struct Steps {
     TORCH_CHECK(!h_.empty() && h_.size() == beta_.size() && h_.size() == v_.size(),
                 "ddl_delta: one k~, beta and v per step");
     for (size_t s = 0; s < h_.size(); ++s) {
-      h.push_back(h_[s].contiguous()), beta.push_back(beta_[s].contiguous()), v.push_back(v_[s].contiguous());
+      const at::ScalarType acc = X.scalar_type();
+      h.push_back(computed(h_[s], acc)), beta.push_back(computed(beta_[s], acc)), v.push_back(computed(v_[s], acc));
       check_state(X, h[s]);
       check_shape(beta[s], {X.size(0), X.size(1), 1}, "beta");
       check_shape(v[s], {X.size(0), X.size(1), X.size(2)}, "v");
@@ -739,7 +751,8 @@ struct Steps {
 // The S updates of a sublayer in one pass: X_new, and w (B,T,S,dv), rho (B,T,S), q (B,T,S,dv) by step.
 std::tuple<Tensor, Tensor, Tensor, Tensor> update_steps_forward(const Tensor& X_, at::TensorList h_,
                                                                 at::TensorList beta_, at::TensorList v_, double eps2) {
-  const Tensor X = X_.contiguous();
+  const at::ScalarType acc = computing_type(X_);
+  const Tensor X = computed(X_, acc);
   TORCH_CHECK(X.dim() == 4, "ddl_delta: the state is (B,T,dv,d)");
   const Steps steps(X, h_, beta_, v_);
   const int64_t B = X.size(0), T = X.size(1), dv = X.size(2), d = X.size(3), S = steps.h.size();
@@ -759,8 +772,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> update_steps_backward(const Tensor& G
                                                                  const Tensor& X_, at::TensorList h_,
                                                                  at::TensorList beta_, at::TensorList v_,
                                                                  const Tensor& rho_, const Tensor& q_) {
-  const Tensor G = G_.contiguous(), X = X_.contiguous(), rho = rho_.contiguous(), q = q_.contiguous();
-  const Tensor g_w = g_w_ ? g_w_->contiguous() : Tensor();
+  const at::ScalarType acc = computing_type(X_);
+  const Tensor G = computed(G_, acc), X = computed(X_, acc), rho = computed(rho_, acc), q = computed(q_, acc);
+  const Tensor g_w = g_w_ ? computed(*g_w_, acc) : Tensor();
   TORCH_CHECK(X.dim() == 4, "ddl_delta: the state is (B,T,dv,d)");
   const Steps steps(X, h_, beta_, v_);
   const int64_t B = X.size(0), T = X.size(1), dv = X.size(2), d = X.size(3), S = steps.h.size();
@@ -782,9 +796,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> update_steps_backward(const Tensor& G
 }
 
 Tensor read_forward(const Tensor& X_, const Tensor& A) {
+  const at::ScalarType acc = computing_type(X_);
   TORCH_CHECK(X_.dim() == 4, "ddl_delta: the state is (B,T,dv,d)");
   check_taps(A, X_.size(2), X_.size(3));
-  const Tensor X = X_.contiguous(), A_lag = taps_by_lag(A, X.scalar_type());
+  const Tensor X = computed(X_, acc), A_lag = taps_by_lag(A, X.scalar_type());
   const int64_t T = X.size(1), dv = X.size(2), d = X.size(3);
   Tensor x = at::empty({X.size(0), T, d}, X.options());
   AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "ddl_delta::read_forward", [&] {
@@ -795,10 +810,11 @@ Tensor read_forward(const Tensor& X_, const Tensor& A) {
 }
 
 std::tuple<Tensor, Tensor> read_backward(const Tensor& g_, const Tensor& X_, const Tensor& A) {
+  const at::ScalarType acc = computing_type(X_);
   TORCH_CHECK(X_.dim() == 4, "ddl_delta: the state is (B,T,dv,d)");
   check_taps(A, X_.size(2), X_.size(3));
   check_shape(g_, {X_.size(0), X_.size(1), X_.size(3)}, "dL/dx");
-  const Tensor g = g_.contiguous(), X = X_.contiguous(), A_lag = taps_by_lag(A, X.scalar_type());
+  const Tensor g = computed(g_, acc), X = computed(X_, acc), A_lag = taps_by_lag(A, X.scalar_type());
   const int64_t T = X.size(1), dv = X.size(2), d = X.size(3), L = A_lag.size(0);
   Tensor g_X = at::empty_like(X), g_A_lag;
   AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "ddl_delta::read_backward", [&] {
@@ -811,10 +827,11 @@ std::tuple<Tensor, Tensor> read_backward(const Tensor& g_, const Tensor& X_, con
 }
 
 Tensor rank_one_forward(const Tensor& w_, const Tensor& h_, const Tensor& A) {
+  const at::ScalarType acc = computing_type(w_);
   TORCH_CHECK(w_.dim() == 3 && h_.dim() == 3, "ddl_delta: w is (B,T,dv) and k~ (B,T,d)");
   check_shape(w_, {h_.size(0), h_.size(1), w_.size(2)}, "w");
   check_taps(A, w_.size(2), h_.size(2));
-  const Tensor w = w_.contiguous(), h = h_.contiguous(), A_lag = taps_by_lag(A, h.scalar_type());
+  const Tensor w = computed(w_, acc), h = computed(h_, acc), A_lag = taps_by_lag(A, h.scalar_type());
   const int64_t T = h.size(1), d = h.size(2);
   Tensor x = at::empty_like(h);
   AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "ddl_delta::rank_one_forward", [&] {
@@ -826,11 +843,12 @@ Tensor rank_one_forward(const Tensor& w_, const Tensor& h_, const Tensor& A) {
 
 std::tuple<Tensor, Tensor, Tensor> rank_one_backward(const Tensor& g_, const Tensor& w_, const Tensor& h_,
                                                      const Tensor& A) {
+  const at::ScalarType acc = computing_type(w_);
   TORCH_CHECK(w_.dim() == 3 && h_.dim() == 3, "ddl_delta: w is (B,T,dv) and k~ (B,T,d)");
   check_shape(w_, {h_.size(0), h_.size(1), w_.size(2)}, "w");
   check_shape(g_, h_.sizes(), "dL/dx");
   check_taps(A, w_.size(2), h_.size(2));
-  const Tensor g = g_.contiguous(), w = w_.contiguous(), h = h_.contiguous(), A_lag = taps_by_lag(A, h.scalar_type());
+  const Tensor g = computed(g_, acc), w = computed(w_, acc), h = computed(h_, acc), A_lag = taps_by_lag(A, h.scalar_type());
   const int64_t T = h.size(1), d = h.size(2), L = A_lag.size(0);
   Tensor g_w = at::empty_like(w), g_h = at::empty_like(h), g_A_lag;
   AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "ddl_delta::rank_one_backward", [&] {
@@ -844,9 +862,10 @@ std::tuple<Tensor, Tensor, Tensor> rank_one_backward(const Tensor& g_, const Ten
 }
 
 Tensor expand_forward(const Tensor& x_, const Tensor& E) {
+  const at::ScalarType acc = computing_type(x_);
   TORCH_CHECK(x_.dim() == 3 && E.dim() == 3, "ddl_delta: x is (B,T,d) and the expander's taps (dv,d,L)");
   check_taps(E, E.size(0), x_.size(2));
-  const Tensor x = x_.contiguous(), E_lag = taps_by_lag(E, x.scalar_type());
+  const Tensor x = computed(x_, acc), E_lag = taps_by_lag(E, x.scalar_type());
   const int64_t T = x.size(1), d = x.size(2), dv = E_lag.size(1);
   Tensor X = at::empty({x.size(0), T, dv, d}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "ddl_delta::expand_forward", [&] {
@@ -857,10 +876,11 @@ Tensor expand_forward(const Tensor& x_, const Tensor& E) {
 }
 
 std::tuple<Tensor, Tensor> expand_backward(const Tensor& g_, const Tensor& x_, const Tensor& E) {
+  const at::ScalarType acc = computing_type(x_);
   TORCH_CHECK(x_.dim() == 3 && E.dim() == 3, "ddl_delta: x is (B,T,d) and the expander's taps (dv,d,L)");
   check_taps(E, E.size(0), x_.size(2));
   check_shape(g_, {x_.size(0), x_.size(1), E.size(0), x_.size(2)}, "dL/dX");
-  const Tensor g = g_.contiguous(), x = x_.contiguous(), E_lag = taps_by_lag(E, x.scalar_type());
+  const Tensor g = computed(g_, acc), x = computed(x_, acc), E_lag = taps_by_lag(E, x.scalar_type());
   const int64_t T = x.size(1), d = x.size(2), dv = E_lag.size(1), L = E_lag.size(0);
   Tensor g_x = at::empty_like(x), g_E_lag;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "ddl_delta::expand_backward", [&] {
@@ -873,10 +893,10 @@ std::tuple<Tensor, Tensor> expand_backward(const Tensor& g_, const Tensor& x_, c
 }
 
 // A gate's biases, checked and contiguous (undefined: the map is ungated).
-Tensor gate_biases(const std::optional<Tensor>& b, int64_t width, const char* name) {
+Tensor gate_biases(const std::optional<Tensor>& b, int64_t width, const char* name, at::ScalarType acc) {
   if (!b.has_value()) return Tensor();
   check_shape(*b, {width}, name);
-  return b->contiguous();
+  return computed(*b, acc);
 }
 
 template <typename T>
@@ -886,12 +906,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> norm_forward(const Tensor& x_, const 
                                                         const Tensor& W_x_, const std::optional<Tensor>& b_c_,
                                                         const std::optional<Tensor>& b_x_, double s_c, double s_x,
                                                         double eps) {
-  const Tensor x = x_.contiguous(), g = g_.contiguous(), W_c = W_c_.contiguous(), W_x = W_x_.contiguous();
+  const at::ScalarType acc = computing_type(x_);
+  const Tensor x = computed(x_, acc), g = computed(g_, acc), W_c = computed(W_c_, acc), W_x = computed(W_x_, acc);
   const int64_t d = x.size(-1), N = x.numel() / d, nc = W_c.size(0), nx = W_x.size(0);
   check_shape(g, {d}, "the norm's weight");
   check_shape(W_c, {nc, d}, "W_c");
   check_shape(W_x, {nx, d}, "W_x");
-  const Tensor b_c = gate_biases(b_c_, nc, "b_c"), b_x = gate_biases(b_x_, nx, "b_x");
+  const Tensor b_c = gate_biases(b_c_, nc, "b_c", acc), b_x = gate_biases(b_x_, nx, "b_x", acc);
   std::vector<int64_t> rows(x.sizes().begin(), x.sizes().end() - 1);
   auto with_last = [&](int64_t k) { auto shape = rows; shape.push_back(k); return shape; };
   Tensor c = at::empty_like(x), y_c = at::empty(with_last(nc), x.options()), y_x = at::empty(with_last(nx), x.options());
@@ -911,9 +932,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> norm_backward(
     const Tensor& g_c_, const Tensor& g_yc_, const Tensor& g_yx_, const Tensor& x_, const Tensor& g_, const Tensor& W_c_,
     const Tensor& W_x_, const std::optional<Tensor>& b_c_, const std::optional<Tensor>& b_x_, double s_c, double s_x,
     const Tensor& rho_, const Tensor& y_c_, const Tensor& y_x_) {
-  const Tensor g_c = g_c_.contiguous(), g_yc = g_yc_.contiguous(), g_yx = g_yx_.contiguous(), x = x_.contiguous();
-  const Tensor g = g_.contiguous(), W_c = W_c_.contiguous(), W_x = W_x_.contiguous(), rho = rho_.contiguous();
-  const Tensor y_c = y_c_.contiguous(), y_x = y_x_.contiguous();
+  const at::ScalarType acc = computing_type(x_);
+  const Tensor g_c = computed(g_c_, acc), g_yc = computed(g_yc_, acc), g_yx = computed(g_yx_, acc), x = computed(x_, acc);
+  const Tensor g = computed(g_, acc), W_c = computed(W_c_, acc), W_x = computed(W_x_, acc), rho = computed(rho_, acc);
+  const Tensor y_c = computed(y_c_, acc), y_x = computed(y_x_, acc);
   const int64_t d = x.size(-1), N = x.numel() / d, nc = W_c.size(0), nx = W_x.size(0);
   check_shape(g, {d}, "the norm's weight");
   check_shape(W_c, {nc, d}, "W_c");
@@ -924,7 +946,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> norm_backward(
   check_rows(y_c, N, nc, "y_c");
   check_rows(y_x, N, nx, "y_x");
   check_rows(rho, N, 1, "rho");
-  const Tensor b_c = gate_biases(b_c_, nc, "b_c"), b_x = gate_biases(b_x_, nx, "b_x");
+  const Tensor b_c = gate_biases(b_c_, nc, "b_c", acc), b_x = gate_biases(b_x_, nx, "b_x", acc);
   Tensor g_x = at::empty_like(x), g_g = at::empty({d}, x.options()), g_Wc = at::empty({nc, d}, x.options());
   Tensor g_Wx = at::empty({nx, d}, x.options()), g_bc = at::empty({nc}, x.options()), g_bx = at::empty({nx}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "ddl_delta::norm_backward", [&] {

@@ -25,12 +25,20 @@ _NOTHING = contextlib.nullcontext()
 
 
 def exact(op):
-    """op run with autocast off where it is on (autocast would recast its matmuls); its device is its first tensor's."""
+    """op as the C++ ops run: its tensors (and lists of them) cast to the computing dtype, its first tensor's at least
+    fp32, and autocast off where it is on (it would recast the matmuls)."""
     @functools.wraps(op)
     def run(*args):
-        device = next(a for a in args if isinstance(a, torch.Tensor)).device.type
-        with autocast_off(device):
-            return op(*args)
+        first = next(a for a in args if isinstance(a, torch.Tensor))
+        acc = torch.promote_types(first.dtype, torch.float32)
+
+        def computed(a):
+            if isinstance(a, (list, tuple)):
+                return [computed(t) for t in a]
+            return a.to(acc) if isinstance(a, torch.Tensor) else a
+
+        with autocast_off(first.device.type):
+            return op(*(computed(a) for a in args))
     return run
 
 

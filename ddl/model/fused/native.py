@@ -71,9 +71,9 @@ def ops():
 
 def _register_fakes() -> None:
     """Output shapes for torch.compile's tracing (train.compile=true traces through the fused ops).
-    Every output is a new contiguous tensor, as cpu.cpp makes them."""
+    Every output is a new contiguous tensor in the computing dtype (at least fp32), as cpu.cpp makes them."""
     def new(t, shape=None):
-        return t.new_empty(t.shape if shape is None else shape)
+        return t.new_empty(t.shape if shape is None else shape, dtype=torch.promote_types(t.dtype, torch.float32))
 
     def by_step(X, steps):                            # w, rho, q of update_steps_forward
         B, T, dv, _ = X.shape
