@@ -32,7 +32,7 @@ import torch
 from . import paths
 from .model import GPT, SIZES, ModelConfig
 from .costs import BF16_PEAK_FLOPS, RECORDED_COSTS, training_flops
-from .model.fused import loops_name
+from .model.fused import loops_name, native
 from .train.distributed import keep_freed_memory
 
 DDL_ARMS = {"ddl_dv1": dict(residual="ddl", dv=1), "ddl_dv4": dict(residual="ddl", dv=4),
@@ -107,7 +107,7 @@ class Arm:
         model's with its Triton kernels against the same with the PyTorch-op loops (DDL_NATIVE_KERNELS=0)."""
         eager = self.gradients()
         if self.device.type == "cuda" and self.model.cfg.residual == "ddl":
-            with _environ(DDL_NATIVE_KERNELS="0"):
+            with native.eager_loops():
                 self.loops_error = relative_distance(self.gradients(), eager)
         self.model.compile_blocks(self.compile_backend, mode=self.compile_mode)
         return relative_distance(self.gradients(), eager)

@@ -232,9 +232,9 @@ def test_compiled_kernels_give_the_fused_numbers():
 def test_the_fused_kernels_give_the_same_numbers_in_cpp_and_in_pytorch_ops(name, width, monkeypatch):
     """The fused ops' C++ loops (the CPU default) against their PyTorch-op twins (CUDA's), whole model; width 44 runs
     the C++ SIMD loops over whole vectors and a remainder at 16 or 8 floats a vector (64: whole vectors only)."""
-    from ddl.model.fused import eager, loops_for
+    from ddl.model.fused import eager, loops_for, native as native_loops
     native = loss_and_grads(micro(d_model=width, **VARIANTS[name]))
-    monkeypatch.setenv("DDL_NATIVE_KERNELS", "0")
+    monkeypatch.setattr(native_loops, "ENABLED", False)
     assert loops_for(torch.zeros(1)) is eager
     assert_same_numbers(native, loss_and_grads(micro(d_model=width, **VARIANTS[name])))
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from ddl.model import delta_update
 from ddl.model.delta import expand_state, rank_one_read, state_read
 from ddl.model.fused import (FusedDeltaUpdate, FusedExpand, FusedRankOneRead, FusedStateRead, eager, loops_for,
-                             norm_projections)
+                             native, norm_projections)
 
 D, DV = 16, 4
 K_EPS = 1e-5
@@ -83,7 +83,7 @@ def test_beta_one_overwrites_the_k_component_and_keeps_the_rest():
 @pytest.fixture(params=["native", "eager"])
 def loops(request, monkeypatch):
     """Each fused op's loops: the C++ build (which must have built here) and the PyTorch-op twin."""
-    monkeypatch.setenv("DDL_NATIVE_KERNELS", "1" if request.param == "native" else "0")
+    monkeypatch.setattr(native, "ENABLED", request.param == "native")
     assert (loops_for(torch.zeros(1)) is eager) == (request.param == "eager")
     return request.param
 

@@ -355,7 +355,7 @@ def test_the_model_with_the_triton_loops_gives_the_numbers_of_the_others(variant
     if DEVICE.type == "cuda":
         assert fused.loops_name(torch.empty(0, device=DEVICE)) == "Triton"
         with_triton = loss_and_grads(**variant)
-        monkeypatch.setenv("DDL_NATIVE_KERNELS", "0")
+        monkeypatch.setattr(fused.native, "ENABLED", False)
     else:
         real_loops_for = fused.loops_for
         monkeypatch.setattr(fused, "loops_for", lambda t: ops if t.dtype != torch.float64 else real_loops_for(t))

@@ -50,8 +50,9 @@ def on_cuda_path(t: torch.Tensor) -> bool:
 def loops_for(t: torch.Tensor):
     """The implementation of the loops for tensors like t: the C++ one on CPU when built, the Triton
     one on CUDA when triton imports (fp32 and narrower: it accumulates in fp32), else eager.
-    DDL_NATIVE_KERNELS=0 asks for eager everywhere. An op decides once, in forward, and keeps it for backward."""
-    if t.device.type == "cpu" and not _emulating_cuda:         # the common case first: each call costs microseconds
+    DDL_NATIVE_KERNELS=0 (or native.eager_loops()) asks for eager everywhere. An op decides once, in forward, and
+    keeps it for backward."""
+    if t.is_cpu and not _emulating_cuda:                       # the common case first: each call costs microseconds
         return torch.ops.ddl_delta if _native() else eager
     if on_cuda_path(t) and t.dtype != torch.float64 and _triton():
         return torch.ops.ddl_triton

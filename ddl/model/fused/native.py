@@ -9,6 +9,7 @@ loops, with one warning. DDL_NATIVE_KERNELS=0 asks for the eager loops outright.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -25,8 +26,24 @@ SOURCE = Path(__file__).with_name("cpu.cpp")
 VECTOR_FLAGS = {"AVX2": ["-mavx2", "-mfma"], "AVX512": ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mfma"]}
 
 
+# Whether the native loops run (C++ on CPU, Triton on CUDA): DDL_NATIVE_KERNELS, read once per process (the ops ask
+# per call, a dispatch-bound step's time); eager_loops() switches them off within one.
+ENABLED = os.environ.get("DDL_NATIVE_KERNELS", "1") != "0"
+
+
 def enabled() -> bool:
-    return os.environ.get("DDL_NATIVE_KERNELS", "1") != "0"
+    return ENABLED
+
+
+@contextlib.contextmanager
+def eager_loops():
+    """The PyTorch-op loops everywhere while it lasts, as DDL_NATIVE_KERNELS=0 asks for a whole process."""
+    global ENABLED
+    before, ENABLED = ENABLED, False
+    try:
+        yield
+    finally:
+        ENABLED = before
 
 
 def build_directory() -> Path:
