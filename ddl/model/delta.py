@@ -168,12 +168,13 @@ class DeltaResidual(nn.Module):
         self.W_v = nn.Linear(d, cfg.dv, bias=True)
         self.phi_k = nn.Linear(d, d, bias=False) if cfg.mapping == "v" else None
         self.further = nn.ModuleList(FurtherDeltaStep(cfg) for _ in range(cfg.n_h - 1))
-        # What a call reads, decided once: the steps' gates and value maps (step 1's first) as plain tuples of the
-        # registered modules, and the mapping as flags. A sublayer's Python is a dispatch-bound step's time, and a
+        # What a call reads, decided once: the steps' maps (step 1's first) as plain tuples of the registered modules,
+        # their count and the mapping as plain values. A sublayer's Python is a dispatch-bound step's time, and a
         # module attribute or a ModuleList's iteration costs a lookup chain where a tuple costs an index.
-        self.gates = (self.beta_gate, *(step.beta_gate for step in self.further))
-        self.maps_of_c = tuple(gate_input(gate) for gate in self.gates)      # each gate's first Linear
+        gates = (self.beta_gate, *(step.beta_gate for step in self.further))
+        self.maps_of_c = tuple(gate_input(gate) for gate in gates)           # each gate's first Linear
         self.values = (self.W_v, *(step.W_v for step in self.further))
+        self.n_h = cfg.n_h
         self.value_of_x = cfg.mapping == "k"                # k-Map: v of x_in (in the norm's op); v-Map: of h
         self.linear_gate = isinstance(self.beta_gate, nn.Linear)
         self.beta_bias_init = _logit(cfg.beta_init / BETA_MAX)
@@ -208,10 +209,10 @@ class DeltaResidual(nn.Module):
 
     def steps(self, h: torch.Tensor, inp: SublayerInput) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Every step's (k~, beta, v) from the sublayer output h and its input (recording the betas)."""
-        if len(self.gates) == 1:
+        if self.n_h == 1:
             steps = [self.components(h, inp, inp.gate, inp.v)]
         else:
-            gates = inp.gate.chunk(len(self.gates), -1)   # each step's share of the norm's gates
+            gates = inp.gate.chunk(self.n_h, -1)          # each step's share of the norm's gates
             values = [None] * len(gates) if inp.v is None else inp.v.chunk(len(gates), -1)
             steps = [self.components(h, inp, gates[0], values[0])]
             steps += [step.components(h, gate, v, self.v_scale)
