@@ -34,6 +34,7 @@ from .model import GPT, SIZES, ModelConfig
 from .costs import BF16_PEAK_FLOPS, RECORDED_COSTS, training_flops
 from .model.fused import loops_name, native
 from .train.distributed import keep_freed_memory
+from .validation import at_least_one, printable_path
 
 DDL_ARMS = {"ddl_dv1": dict(residual="ddl", dv=1), "ddl_dv4": dict(residual="ddl", dv=4),
             "ddl_dv4_cc": dict(residual="ddl", dv=4, conv="cc"), "ddl_dv4_ec": dict(residual="ddl", dv=4, conv="ec")}
@@ -513,13 +514,14 @@ def markdown(result: dict) -> str:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ddl.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=None,
+    parser.add_argument("--rounds", type=at_least_one, default=None,
                         help=f"rounds of the arms in turn (default {MODEL_ROUNDS}; --dispatch {DISPATCH_ROUNDS}: its "
                              f"steps take milliseconds, and a VM's noise swings fewer rounds' ratios by a tenth)")
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=at_least_one, default=3)
     parser.add_argument("--quick", action="store_true",
                         help="fewer rounds on fewer tokens, fewer logging calls: a smoke check of the bench")
-    parser.add_argument("--out", type=Path, default=None, help="where bench.{json,md} go (default reports/bench)")
+    parser.add_argument("--out", type=printable_path, default=None,
+                        help="where bench.{json,md} go (default reports/bench)")
     parser.add_argument("--arms", default=",".join(ARMS), help="the model arms, comma-separated (default: all; "
                         "the baseline always runs: every figure is a ratio to it)")
     parser.add_argument("--orchestrator", action="store_true",
@@ -533,7 +535,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="only a step's dispatch cost: DISPATCH_SHAPE on one thread, eager and compiled per block, "
                              "as ratios to the baseline: dispatch.{json,md}")
     parser.add_argument("--size", default="small", choices=list(SIZES), help="--traffic's model size (default small)")
-    parser.add_argument("--record", nargs="?", type=Path, const=RECORDED_COSTS, default=None, metavar="PATH",
+    parser.add_argument("--record", nargs="?", type=printable_path, const=RECORDED_COSTS, default=None,
+                        metavar="PATH",
                         help="the arms' step ratios become the CPU figures the report's equal-compute verdicts read "
                              "(default PATH: ddl/recorded_costs.json)")
     return parser

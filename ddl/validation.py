@@ -5,9 +5,11 @@ Pure Python (no torch, nothing else from ddl), so every config module, ddl.model
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import re
+from pathlib import Path
 from typing import Callable, NoReturn
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -67,3 +69,17 @@ def env_seconds(name: str, default: float) -> float:
     if not 0 < seconds < float("inf"):
         raise ValueError(f"{name}={value!r}: must be a number of seconds > 0 (default {default:g})")
     return seconds
+
+
+def at_least_one(value: str) -> int:
+    """An argparse type: a whole number >= 1 (a count of rounds, workers, features), else its one-line refusal."""
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{shown(value)}: must be an integer >= 1")
+    return int(value)
+
+
+def printable_path(value: str) -> Path:
+    """An argparse type: a path without control characters (a newline would start a line in what names it)."""
+    if not value or not value.isprintable():
+        raise argparse.ArgumentTypeError(f"{shown(value)}: must be a non-empty path of printable characters")
+    return Path(value)

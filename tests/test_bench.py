@@ -110,3 +110,16 @@ def test_the_dispatch_bench_measures_the_delta_arms_on_one_thread_against_the_ba
         forward = rows[name]["host_phases_ms"]["forward"]
         assert f"| eager | {name} | {rows[name]['step_ms']:.2f} | {rows[name]['time_ratio']:.3f} | <= {target} " in text
         assert f" | {forward:.2f} ({forward / rows['baseline']['host_phases_ms']['forward']:.2f}) | " in text
+
+
+@pytest.mark.parametrize("args, refusal", [
+    (["--rounds", "0"], "argument --rounds: '0': must be an integer >= 1"),
+    (["--steps", "nan"], "argument --steps: 'nan': must be an integer >= 1"),
+    (["--out", "bench\nout"], "argument --out: 'bench\\nout': must be a non-empty path of printable characters"),
+])
+def test_the_bench_refuses_a_bad_count_or_path_in_its_error_line(tmp_path, args, refusal):
+    """A count below 1 ended in a traceback after the arms were built; a newline in --out made a directory."""
+    done = subprocess.run([*python_module("ddl.bench"), "--dispatch", *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].endswith(refusal), done.stderr
+    assert list(tmp_path.iterdir()) == []

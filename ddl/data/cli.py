@@ -8,13 +8,8 @@ from pathlib import Path
 
 from .. import paths
 from ..text import plural
+from ..validation import at_least_one
 from .config import ENCODING_ERRORS, SOURCES, TOKENIZERS, DataConfig
-
-
-def _workers(value: str) -> int:
-    if not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: must be an integer >= 1")
-    return int(value)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--tokens", type=int, default=DataConfig.fineweb_tokens, help="fineweb_edu token budget")
     prep.add_argument("--bpe-vocab", type=int, default=DataConfig.bpe_vocab)
     prep.add_argument("--val-fraction", type=float, default=DataConfig.val_fraction, help="the held-out share")
-    prep.add_argument("--workers", type=_workers, default=None,
+    prep.add_argument("--workers", type=at_least_one, default=None,
                       help="processes that tokenize (default: the CPUs of the machine, or of the SLURM job)")
     prep.add_argument("--force", action="store_true", help="rebuild a finished dataset")
     info = sub.add_parser("info", help="print a dataset's manifest")

@@ -22,6 +22,8 @@ import tempfile
 
 import torch
 
+from ...validation import at_least_one
+
 MODULE = "ddl.model.fused.triton_compile"
 POINTEE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64",
            torch.int64: "i64", torch.int32: "i32"}
@@ -152,12 +154,6 @@ def launch_all(calls: dict[str, tuple]) -> None:
         getattr(torch.ops.ddl_triton, name.split()[0])(*args)
 
 
-def _at_least_one(value: str) -> int:
-    if not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: must be an integer >= 1")
-    return int(value)
-
-
 def _warps(value: str) -> tuple[int, ...]:
     counts = value.split(",")
     if not all(c.isdigit() and int(c) in (1, 2, 4, 8, 16, 32) for c in counts):
@@ -167,10 +163,10 @@ def _warps(value: str) -> tuple[int, ...]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
-    parser.add_argument("--d", type=_at_least_one, default=768, help="d_model (default 768: the paper small's)")
-    parser.add_argument("--dv", type=_at_least_one, default=4, help="d_v (default 4)")
-    parser.add_argument("--taps", type=_at_least_one, default=4, help="the state read's taps (default 4)")
-    parser.add_argument("--arch", type=_at_least_one, default=90,
+    parser.add_argument("--d", type=at_least_one, default=768, help="d_model (default 768: the paper small's)")
+    parser.add_argument("--dv", type=at_least_one, default=4, help="d_v (default 4)")
+    parser.add_argument("--taps", type=at_least_one, default=4, help="the state read's taps (default 4)")
+    parser.add_argument("--arch", type=at_least_one, default=90,
                         help="CUDA compute capability x10 (default 90: H100, H200)")
     parser.add_argument("--warps", type=_warps, default=(4, 8), help="warps a program, comma-separated (default 4,8)")
     parser.add_argument("--record", action="store_true", help=argparse.SUPPRESS)    # the interpreted child's part
