@@ -61,12 +61,12 @@ def delta_update_steps(X: torch.Tensor, steps: list[tuple[torch.Tensor, torch.Te
     return X, writes
 
 
-def delta_key(X: torch.Tensor, k_raw: torch.Tensor, beta: torch.Tensor, v: torch.Tensor,
-              k_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """A d_v > 1 block's first update in DeltaKey's signature, (w, the mid state or its handle): the plain form
-    returns the mid state X + w k~^T itself."""
+def delta_key(X: torch.Tensor, k_raw: torch.Tensor, beta: torch.Tensor, v: torch.Tensor, x_in: torch.Tensor,
+              A: torch.Tensor, k_eps: float, rank_one: Callable | None = None) -> tuple[torch.Tensor, ...]:
+    """A d_v > 1 block's first update and its read of the mid state in DeltaKey's signature, (w, the mid state or its
+    handle, x_in + rank_one_read(w, k~, A)) with x_in the read of X: the plain form returns the mid state itself."""
     X_mid, w = delta_update(X, k_raw, beta, v, k_eps)
-    return w, X_mid
+    return w, X_mid, x_in + (rank_one_read if rank_one is None else rank_one)(w, k_raw, A)
 
 
 def delta_write(X_mid: torch.Tensor, X: torch.Tensor, k_a: torch.Tensor, w_a: torch.Tensor, k_raw: torch.Tensor,
@@ -276,7 +276,7 @@ class DeltaOps(NamedTuple):
     read: Callable            # state_read's
     rank_one_read: Callable   # rank_one_read's
     expand: Callable          # expand_state's
-    key: Callable             # delta_key's: a d_v > 1 block's first update, n_h = 1
+    key: Callable             # delta_key's: a d_v > 1 block's first update and its next read, n_h = 1
     write: Callable           # delta_write's: its second update and the next read
     norm: Callable            # norm_projections's: a sublayer's RMSNorm and its gates' first maps
 
@@ -290,7 +290,7 @@ def delta_kernels(kind: str) -> DeltaOps:
     if kind == "compiled":
         update, read = torch.compile(delta_update), torch.compile(state_read)
         return DeltaOps(functools.partial(delta_update_steps, update=update), read, FusedRankOneRead.apply,
-                        FusedExpand.apply, torch.compile(delta_key),
+                        FusedExpand.apply, torch.compile(functools.partial(delta_key, rank_one=FusedRankOneRead.apply)),
                         functools.partial(delta_write, update=update, read=read),
                         torch.compile(eager.norm_projections))
     return DeltaOps(update_steps, FusedStateRead.apply, FusedRankOneRead.apply, FusedExpand.apply, DeltaKey.apply,
@@ -298,18 +298,18 @@ def delta_kernels(kind: str) -> DeltaOps:
 
 
 class StateCompressor(nn.Module):
-    """Reads the state: x_in = state_read(X, A) with the subclass's (dv, d, L) taps A."""
+    """Reads the state: x_in = state_read(X, A) with the subclass's (dv, d, L) taps A (taps(); a caller that has
+    them passes them)."""
 
     def taps(self) -> torch.Tensor:
         raise NotImplementedError
 
-    def forward(self, X: torch.Tensor) -> torch.Tensor:
-        return self.ops.read(X, self.taps())                                  # (B,T,d), in at least fp32
+    def forward(self, X: torch.Tensor, taps: torch.Tensor | None = None) -> torch.Tensor:
+        return self.ops.read(X, self.taps() if taps is None else taps)       # (B,T,d), in at least fp32
 
-    def read_write(self, w: torch.Tensor, k_raw: torch.Tensor) -> torch.Tensor:
+    def read_write(self, w: torch.Tensor, k_raw: torch.Tensor, taps: torch.Tensor | None = None) -> torch.Tensor:
         """read(w k~^T) from the (B,T,dv) and (B,T,d) factors (see rank_one_read), in w's dtype."""
-        with autocast_off(w.device.type):
-            return self.ops.rank_one_read(w, k_raw, self.taps())
+        return self.ops.rank_one_read(w, k_raw, self.taps() if taps is None else taps)
 
 
 class TimeConvCompressor(StateCompressor):

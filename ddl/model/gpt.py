@@ -117,34 +117,37 @@ class DeltaBlock(nn.Module):
         self.ops = delta_kernels(cfg.kernels)
         self.two_updates = cfg.expanded and cfg.n_h == 1
 
-    def read(self, X: torch.Tensor) -> torch.Tensor:
-        return X.squeeze(-2) if self.compress is None else self.compress(X)   # x_in: (B,T,d)
-
-    def forward(self, X: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, x_in: torch.Tensor | None,
-                reader: StateCompressor | None, store_state: bool = True):
-        """(X_out, x_next): x_in = read(X) (None at d_v = 1: X is its own read); x_next = reader(X_out), the next
-        block's read or the final readout (None at d_v = 1). X_out is empty when not store_state (d_v > 1, n_h = 1:
-        the last block, whose state only the readout reads)."""
-        x_in = self.read(X) if x_in is None else x_in
+    def forward(self, X: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, x_in: torch.Tensor | None = None,
+                taps: torch.Tensor | None = None, reader: StateCompressor | None = None, store_state: bool = True):
+        """(X_out, x_next, next_taps). x_in: the read of X by this block's compressor, taps: its taps (d_v > 1; each
+        computed here when None; both None at d_v = 1, where X is its own read). next_taps: the reader's taps,
+        x_next = reader(X_out): the next block's read or the final readout (both None at d_v = 1). X_out is empty when
+        not store_state (d_v > 1, n_h = 1: the last block, whose state only the readout reads)."""
+        if self.compress is None:
+            x_in = X.squeeze(-2)
+        elif x_in is None or taps is None:
+            taps = self.compress.taps()
+            x_in = self.compress(X, taps)
+        next_taps = None if reader is None else reader.taps()
         inp = self.delta_attn.read_input(x_in, self.norm_attn)
         h = self.attn(inp.c, cos, sin)
         if self.two_updates:
             (k_a, beta_a, v_a), = self.delta_attn.steps(h, inp)
-            w_a, X_mid = self.ops.key(X, k_a, beta_a, v_a, self.delta_attn.k_eps)
-            inp = self.delta_mlp.read_input(x_in + self.compress.read_write(w_a, k_a), self.norm_mlp)
+            w_a, X_mid, x_mid = self.ops.key(X, k_a, beta_a, v_a, x_in, taps, self.delta_attn.k_eps)
+            inp = self.delta_mlp.read_input(x_mid, self.norm_mlp)
             (k, beta, v), = self.delta_mlp.steps(self.mlp(inp.c), inp)
-            X_out, _, x_next = self.ops.write(X_mid, X.detach(), k_a.detach(), w_a.detach(), k, beta, v, reader.taps(),
-                                              self.delta_mlp.k_eps, store_state)
-            return X_out, x_next
+            X_out, _, x_next = self.ops.write(X_mid, X, k_a, w_a, k, beta, v, next_taps, self.delta_mlp.k_eps,
+                                              store_state)
+            return X_out, x_next, next_taps
         X, writes = self.delta_attn.update(X, h, inp)
         if self.compress is None:
-            x_in = self.read(X)
+            x_in = X.squeeze(-2)
         else:                                  # read(X + sum_j w_j k~_j^T), without another pass over X
             for w, k_raw in writes:
-                x_in = x_in + self.compress.read_write(w, k_raw)
+                x_in = x_in + self.compress.read_write(w, k_raw, taps)
         inp = self.delta_mlp.read_input(x_in, self.norm_mlp)
         X = self.delta_mlp.update(X, self.mlp(inp.c), inp)[0]
-        return X, None if reader is None else reader(X)
+        return X, None if reader is None else reader(X, next_taps), next_taps
 
 
 def effective_rank(X: torch.Tensor) -> torch.Tensor:
@@ -230,11 +233,11 @@ class GPT(nn.Module):
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         x = self.wte(idx)                                                      # (B,T,d)
         if self.cfg.residual == "ddl":
-            X, x_in = self.initial_state(x)
+            X, x_in, taps = self.initial_state(x)
             readers = [block.compress for block in self.blocks[1:]] + [self.readout]
             for i, (block, reader) in enumerate(zip(self.blocks, readers, strict=True)):
                 store = i + 1 < len(self.blocks) or self.kept is not None
-                X, x_in = self.run_block(block, X, cos, sin, x_in, reader, store_state=store)
+                X, x_in, taps = self.run_block(block, X, cos, sin, x_in, taps, reader, store_state=store)
                 if self.kept is not None:
                     self.kept.append(X)
             x = X.squeeze(-2) if self.readout is None else x_in                  # (B,T,d)
@@ -250,17 +253,19 @@ class GPT(nn.Module):
             return torch.utils.checkpoint.checkpoint(block, *args, use_reentrant=False, **kwargs)
         return block(*args, **kwargs)
 
-    def initial_state(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """X0 (B,T,dv,d) in the state's dtype from the embedding x (B,T,d), and block 0's read of it from x (d_v > 1;
-        no pass over X0): the embedding repeated over d_v (a zero-strided view, a rank-1 write), or EC's expansion."""
+    def initial_state(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """X0 (B,T,dv,d) in the state's dtype from the embedding x (B,T,d), and block 0's read of it from x with the
+        taps it read with (d_v > 1; no pass over X0): the embedding repeated over d_v (a zero-strided view, a rank-1
+        write), or EC's expansion."""
         B, T, d = x.shape
         dtype = state_dtype(self.cfg.state_dtype, x)
-        if self.expand is not None:
-            return self.expand(x).to(dtype), self.expand.read_expanded(x, self.blocks[0].compress.taps())
-        X = x.to(dtype).unsqueeze(-2).expand(B, T, self.cfg.dv, d)                # X0 = x_emb 1^T
         if not self.cfg.expanded:
-            return X, None
-        return X, self.blocks[0].compress.read_write(x.new_ones(B, T, self.cfg.dv), x)
+            return x.to(dtype).unsqueeze(-2), None, None                         # X0 = x_emb
+        taps = self.blocks[0].compress.taps()
+        if self.expand is not None:
+            return self.expand(x).to(dtype), self.expand.read_expanded(x, taps), taps
+        X = x.to(dtype).unsqueeze(-2).expand(B, T, self.cfg.dv, d)                # X0 = x_emb 1^T
+        return X, self.blocks[0].compress.read_write(x.new_ones(B, T, self.cfg.dv), x, taps), taps
 
     def head(self, x: torch.Tensor, targets: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The final norm, the logits (B,T,V) in at least fp32, and the loss when targets are given."""

@@ -137,31 +137,37 @@ class FusedDeltaUpdate(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, G, g_w):
-        return *_update_backward(ctx, G, g_w), None
+        return *_update_backward(ctx.loops, G, g_w, *ctx.saved_tensors), None
 
 
-def _update_backward(ctx, G, g_w) -> tuple[torch.Tensor, ...]:
-    """The gradients of an update's X, k~, beta, v from what the forward saved (g_w None: w unused)."""
-    X, *_ = saved = ctx.saved_tensors
-    return ctx.loops.update_backward(X.new_zeros(()).expand(X.shape) if G is None else G, g_w, *saved)
+def _update_backward(loops, G, g_w, X, h, beta, v, rho, q) -> tuple[torch.Tensor, ...]:
+    """The gradients of an update's X, k~, beta, v from what its forward saved (G, g_w None: unused)."""
+    return loops.update_backward(X.new_zeros(()).expand(X.shape) if G is None else G, g_w, X, h, beta, v, rho, q)
 
 
 class DeltaKey(torch.autograd.Function):
-    """The first update of a block whose state has d_v > 1, X_mid = X + w_a k~_a^T, without writing X_mid:
-    (X, k~_a, beta_a, v_a, k_eps) -> (w_a, H). H, the mid state's handle, is a zero-strided tensor of X's shape
-    whose value is never read: DeltaWrite rebuilds X_mid from X and the write's factors in registers, and
-    returns dL/dX_mid as H's gradient, from which the backward here is FusedDeltaUpdate's."""
+    """The first update of a block whose state has d_v > 1, X_mid = X + w_a k~_a^T, without writing X_mid, and the
+    block's read of X_mid from the read of X: (X, k~_a, beta_a, v_a, x_in, A, k_eps) -> (w_a, H, x_in +
+    rank_one_read(w_a, k~_a, A)). H, the mid state's handle, is a zero-strided tensor of X's shape whose value is never
+    read: DeltaWrite rebuilds X_mid from X and the write's factors in registers, and returns dL/dX_mid as H's
+    gradient, from which the backward here is FusedDeltaUpdate's, after the read's."""
 
     @staticmethod
-    def forward(ctx, X, h, beta, v, k_eps: float):
-        ctx.loops = loops_for(X)
-        w, rho, q = ctx.loops.key_forward(X, h, beta, v, k_eps ** 2)
-        ctx.save_for_backward(X, h, beta, v, rho, q)
-        return w, X.new_zeros(()).expand(X.shape)
+    def forward(ctx, X, h, beta, v, x_in, A, k_eps: float):
+        ctx.loops = loops = loops_for(X)
+        w, rho, q = loops.key_forward(X, h, beta, v, k_eps ** 2)
+        ctx.save_for_backward(X, h, beta, v, rho, q, w, A)
+        ctx.set_materialize_grads(False)                             # an unused output's gradient is None
+        return w, X.new_zeros(()).expand(X.shape), x_in + loops.rank_one_forward(w, h, A)
 
     @staticmethod
-    def backward(ctx, g_w, G_mid):
-        return *_update_backward(ctx, G_mid, g_w), None
+    def backward(ctx, g_w, G_mid, g_read):
+        *saved, w, A = ctx.saved_tensors
+        if g_read is None:
+            return *_update_backward(ctx.loops, G_mid, g_w, *saved), None, None, None
+        g_w_read, g_h_read, g_A = ctx.loops.rank_one_backward(g_read, w, saved[1], A)
+        g_X, g_h, g_beta, g_v = _update_backward(ctx.loops, G_mid, g_w_read if g_w is None else g_w + g_w_read, *saved)
+        return g_X, g_h + g_h_read, g_beta, g_v, g_read, g_A, None
 
 
 class DeltaWrite(torch.autograd.Function):
@@ -169,7 +175,7 @@ class DeltaWrite(torch.autograd.Function):
     (X_out, w, x_next), with X_mid = X + w_a k~_a^T (rebuilt from its factors, never stored), X_out = X_mid + w k~^T
     (delta_update of X_mid; empty unless store_state) and x_next = state_read(X_out, A) (A: the next block's taps or
     the final readout's). H is DeltaKey's handle of X_mid: its gradient is dL/dX_mid; X, k~_a and w_a only rebuild
-    X_mid and get none (pass them detached). Backward reads dL/dX_out and X and writes dL/dX_mid: nothing
+    X_mid and get no gradient here. Backward reads dL/dX_out and X and writes dL/dX_mid: nothing
     state-sized is saved but X."""
 
     @staticmethod
