@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from ddl.model import delta_update
-from ddl.model.delta import expand_state, rank_one_read, state_read
-from ddl.model.fused import (FusedDeltaUpdate, FusedExpand, FusedRankOneRead, FusedStateRead, eager, loops_for,
-                             native, norm_projections)
+from ddl.model.delta import delta_key, expand_state, rank_one_read, state_read
+from ddl.model.fused import (DeltaKey, FusedDeltaUpdate, FusedExpand, FusedRankOneRead, FusedStateRead, eager,
+                             loops_for, native, norm_projections)
 
 D, DV = 16, 4
 K_EPS = 1e-5
@@ -119,6 +119,25 @@ def test_fused_update_keeps_the_state_in_fp32_under_bf16_autocast(loops):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         autocast, _ = FusedDeltaUpdate.apply(*inputs, K_EPS)
     assert autocast.dtype == torch.float32 and torch.equal(autocast, plain)
+
+
+@pytest.mark.parametrize("used", ["every output", "w alone"])
+def test_delta_key_matches_the_plain_update_and_read_in_value_and_gradient(used, loops):
+    """DeltaKey (w, the mid state's handle, x_in + the read of the write) against delta_key, which returns the mid
+    state itself: the handle's gradient is the mid state's, so a loss on either gives the inputs the same gradients."""
+    g = torch.Generator().manual_seed(9)
+    x_in, A = torch.randn(2, 3, D, generator=g), torch.randn(DV, D, 4, generator=g)
+    plain_in, fused_in = ([*update_inputs(DV), x_in.clone().requires_grad_(), A.clone().requires_grad_()]
+                          for _ in range(2))
+    plain, fused = delta_key(*plain_in, K_EPS), DeltaKey.apply(*fused_in, K_EPS)
+    assert torch.allclose(fused[0], plain[0], atol=1e-12) and torch.allclose(fused[2], plain[2], atol=1e-12)
+    weights = [torch.randn(out.shape, generator=g) for out in plain]
+    used_outputs = 3 if used == "every output" else 1
+    for outputs in (plain, fused):
+        sum((out * w).sum() for out, w in zip(outputs[:used_outputs], weights, strict=False)).backward()
+    for name, a, b in zip(("X", "k_raw", "beta", "v", "x_in", "A"), plain_in, fused_in, strict=True):
+        assert (a.grad is None) == (b.grad is None), name
+        assert a.grad is None or torch.allclose(a.grad, b.grad, atol=1e-12), name
 
 
 def assert_fused_matches_plain(plain, fused, inputs, g):
