@@ -125,9 +125,9 @@ class DeltaBlock(nn.Module):
         not store_state (d_v > 1, n_h = 1: the last block, whose state only the readout reads)."""
         if self.compress is None:
             x_in = X.squeeze(-2)
-        elif x_in is None or taps is None:
-            taps = self.compress.taps()
-            x_in = self.compress(X, taps)
+        else:
+            taps = self.compress.taps() if taps is None else taps
+            x_in = self.compress(X, taps) if x_in is None else x_in
         next_taps = None if reader is None else reader.taps()
         inp = self.delta_attn.read_input(x_in, self.norm_attn)
         h = self.attn(inp.c, cos, sin)
