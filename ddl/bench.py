@@ -34,7 +34,7 @@ from .model import GPT, SIZES, ModelConfig
 from .costs import BF16_PEAK_FLOPS, RECORDED_COSTS, training_flops
 from .model.fused import loops_name, native
 from .train.distributed import keep_freed_memory
-from .validation import at_least_one, printable_path
+from .validation import OneLineParser, at_least_one, printable_path
 
 DDL_ARMS = {"ddl_dv1": dict(residual="ddl", dv=1), "ddl_dv4": dict(residual="ddl", dv=4),
             "ddl_dv4_cc": dict(residual="ddl", dv=4, conv="cc"), "ddl_dv4_ec": dict(residual="ddl", dv=4, conv="ec")}
@@ -512,8 +512,8 @@ def markdown(result: dict) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m ddl.bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="python -m ddl.bench", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=at_least_one, default=None,
                         help=f"rounds of the arms in turn (default {MODEL_ROUNDS}; --dispatch {DISPATCH_ROUNDS}: its "
                              f"steps take milliseconds, and a VM's noise swings fewer rounds' ratios by a tenth)")

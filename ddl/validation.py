@@ -71,6 +71,13 @@ def env_seconds(name: str, default: float) -> float:
     return seconds
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser (its subcommands' too) whose refusal is its one error line, exit 2, without the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def at_least_one(value: str) -> int:
     """An argparse type: a whole number >= 1 (a count of rounds, workers, features), else its one-line refusal."""
     if not value.isdigit() or int(value) < 1:

@@ -122,4 +122,5 @@ def test_the_bench_refuses_a_bad_count_or_path_in_its_error_line(tmp_path, args,
     done = subprocess.run([*python_module("ddl.bench"), "--dispatch", *args], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].endswith(refusal), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr   # the error line alone, no usage
     assert list(tmp_path.iterdir()) == []

@@ -8,19 +8,12 @@ from pathlib import Path
 
 from .. import paths
 from ..text import plural
-from ..validation import at_least_one
+from ..validation import OneLineParser, at_least_one
 from .config import ENCODING_ERRORS, SOURCES, TOKENIZERS, DataConfig
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse's parser (its subcommands' too) whose refusal is its one error line, exit 2, without the usage."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="ddl-data", description=__doc__)
+    parser = OneLineParser(prog="ddl-data", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     prep = sub.add_parser("prepare", help="tokenize a source into train/val shards under DDL_HOME/data")
     prep.add_argument("--source", choices=SOURCES, default="embedded")

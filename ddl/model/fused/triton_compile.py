@@ -22,7 +22,7 @@ import tempfile
 
 import torch
 
-from ...validation import at_least_one
+from ...validation import OneLineParser, at_least_one
 
 MODULE = "ddl.model.fused.triton_compile"
 POINTEE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64",
@@ -162,7 +162,7 @@ def _warps(value: str) -> tuple[int, ...]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
     parser.add_argument("--d", type=at_least_one, default=768, help="d_model (default 768: the paper small's)")
     parser.add_argument("--dv", type=at_least_one, default=4, help="d_v (default 4)")
     parser.add_argument("--taps", type=at_least_one, default=4, help="the state read's taps (default 4)")
