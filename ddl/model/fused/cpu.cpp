@@ -18,6 +18,7 @@
 #include <initializer_list>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -159,10 +160,10 @@ template <typename T>
 inline T write_coefficient(T b, T r, T v, T q) { return b * r * (v - r * q); }
 
 // One token's update, Y = X + w k~^T, with its rho, w and q: X and Y its (dv, d) rows (Y may be X; null: only
-// w, rho and q).
+// w, rho and q), Y_copy (or null) a second place Y's rows are written in the same pass.
 template <typename T>
 inline void update_token(const T* X, const T* k, T b, const T* v, T eps2, T* Y, T* w, T* rho, T* q, int64_t dv,
-                         int64_t d) {
+                         int64_t d, T* Y_copy = nullptr) {
   const T r = 1 / std::sqrt(dot(k, k, d) + eps2);
   *rho = r;
   for (int64_t j = 0; j < dv; ++j) {
@@ -173,24 +174,30 @@ inline void update_token(const T* X, const T* k, T b, const T* v, T eps2, T* Y, 
     w[j] = wj;
     if (!Y) continue;
     T* Yj = Y + j * d;
+    if (!Y_copy) {
 #pragma omp simd
-    for (int64_t i = 0; i < d; ++i) Yj[i] = Xj[i] + wj * k[i];
+      for (int64_t i = 0; i < d; ++i) Yj[i] = Xj[i] + wj * k[i];
+      continue;
+    }
+    T* Cj = Y_copy + j * d;
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) Cj[i] = Yj[i] = Xj[i] + wj * k[i];
   }
 }
 
-// Y = X + sum over the factors (w_s (dv), k_s (d)) of w_s k_s^T: a token's (dv, d) row rebuilt from a state and writes.
+// Y = X + w k^T: a token's (dv, d) row rebuilt from a state and a write; X_next (or null): the row the
+// caller reads next, fetched into cache meanwhile (a row of 4 KB is a page, which the hardware does not
+// prefetch across).
 template <typename T>
-inline void add_writes(const T* X, std::initializer_list<std::pair<const T*, const T*>> writes, T* Y, int64_t dv,
-                       int64_t d) {
+inline void add_write(const T* X, const T* w, const T* k, T* Y, int64_t dv, int64_t d, const T* X_next) {
   for (int64_t j = 0; j < dv; ++j) {
-    const T* Xj = X + j * d;
+    const T *Xj = X + j * d, wj = w[j];
     T* Yj = Y + j * d;
-    std::copy(Xj, Xj + d, Yj);
-    for (const auto& [w, k] : writes) {
-      const T wj = w[j];
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) Yj[i] += wj * k[i];
-    }
+    simd_for<T>(d, [&](int64_t i, auto lanes) {
+      using U = typename decltype(lanes)::type;
+      if (X_next) __builtin_prefetch(X_next + j * d + i);
+      store(Yj + i, load<U>(Xj + i) + wj * load<U>(k + i));
+    });
   }
 }
 
@@ -269,26 +276,25 @@ void write_forward_loop(const T* X, const T* h_a, const T* w_a, const T* h, cons
   const int64_t row = dv * d;
   at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
     std::vector<T> ring(L * row), mid(row), scratch(2 * dv + 1);
+    std::vector<const T*> rows(L);                               // X_out at t, t-1, .. in the ring
     const int64_t start = std::max(first - (L - 1), first - first % T_);  // the earliest token the reads need
     for (int64_t n = start; n < last; ++n) {
       T* out = ring.data() + (n % L) * row;
       const bool own = n >= first;
-      add_writes(X + n * row, {{w_a + n * dv, h_a + n * d}}, mid.data(), dv, d);
+      add_write(X + n * row, w_a + n * dv, h_a + n * d, mid.data(), dv, d, n + 1 < last ? X + (n + 1) * row : nullptr);
       T *wn = own ? w + n * dv : scratch.data(), *qn = own ? q + n * dv : scratch.data() + dv;
       update_token(mid.data(), h + n * d, beta[n], v + n * dv, eps2, out, wn, own ? rho + n : scratch.data() + 2 * dv,
-                   qn, dv, d);
+                   qn, dv, d, own && X_new ? X_new + n * row : nullptr);
       if (!own) continue;
-      if (X_new) std::copy(out, out + row, X_new + n * row);
-      T* y = x_next + n * d;
-      std::fill(y, y + d, T(0));
-      for (int64_t lag = 0; lag < std::min(L, n % T_ + 1); ++lag) {
-        const T* src = ring.data() + ((n - lag) % L) * row;
-        for (int64_t j = 0; j < dv; ++j) {
-          const T *a = A + (lag * dv + j) * d, *s = src + j * d;
-#pragma omp simd
-          for (int64_t i = 0; i < d; ++i) y[i] += a[i] * s[i];
-        }
-      }
+      const int64_t lags = std::min(L, n % T_ + 1);
+      for (int64_t lag = 0; lag < lags; ++lag) rows[lag] = ring.data() + ((n - lag) % L) * row;
+      simd_for<T>(d, [&](int64_t i, auto lanes) {             // x_next's row in registers across lags and channels
+        using U = typename decltype(lanes)::type;
+        U y{};
+        for (int64_t lag = 0; lag < lags; ++lag)
+          for (int64_t j = 0; j < dv; ++j) y += load<U>(A + (lag * dv + j) * d + i) * load<U>(rows[lag] + j * d + i);
+        store(x_next + n * d + i, y);
+      });
     }
   });
 }
@@ -309,8 +315,13 @@ void write_backward_loop(const T* G, const T* g_w, const T* g_next, const T* X, 
       const T *Xj = X + n * row + j * d, *ka = h_a + n * d, *k = h + n * d, *Gj = G ? G + n * row + j * d : nullptr;
       const T wa = w_a[n * dv + j], wn = w_new[j];
       T *mj = mid.data() + j * d, *Gt = G_tot.data() + j * d;
+      const bool prefetch = n + 1 < last;                       // the next token's rows (a page each) meanwhile
       simd_for<T>(d, [&](int64_t i, auto lanes) {             // X_mid, X_out and G_tot in registers across the lags
         using U = typename decltype(lanes)::type;
+        if (prefetch) {
+          __builtin_prefetch(Xj + row + i);
+          if (Gj) __builtin_prefetch(Gj + row + i);
+        }
         const U m = load<U>(Xj + i) + wa * load<U>(ka + i), out = m + wn * load<U>(k + i);
         U gt = Gj ? load<U>(Gj + i) : U{};
         for (int64_t lag = 0; lag < lags; ++lag) {
@@ -419,16 +430,16 @@ void rank_one_forward_loop(const T* w, const T* h, const T* A, T* x, int64_t N, 
                            int64_t d) {
   at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
     for (int64_t n = first; n < last; ++n) {
-      T* y = x + n * d;
-      std::fill(y, y + d, T(0));
-      for (int64_t lag = 0; lag < std::min(L, n % T_ + 1); ++lag) {
-        const T* k = h + (n - lag) * d;
-        for (int64_t j = 0; j < dv; ++j) {
-          const T c = w[(n - lag) * dv + j], *a = A + (lag * dv + j) * d;
-#pragma omp simd
-          for (int64_t i = 0; i < d; ++i) y[i] += c * a[i] * k[i];
+      const int64_t lags = std::min(L, n % T_ + 1);
+      simd_for<T>(d, [&](int64_t i, auto lanes) {             // x's row in registers across lags and channels
+        using U = typename decltype(lanes)::type;
+        U y{};
+        for (int64_t lag = 0; lag < lags; ++lag) {
+          const U k = load<U>(h + (n - lag) * d + i);
+          for (int64_t j = 0; j < dv; ++j) y += w[(n - lag) * dv + j] * load<U>(A + (lag * dv + j) * d + i) * k;
         }
-      }
+        store(x + n * d + i, y);
+      });
     }
   });
 }
@@ -436,26 +447,37 @@ void rank_one_forward_loop(const T* w, const T* h, const T* A, T* x, int64_t N, 
 template <typename T>
 void rank_one_backward_loop(const T* g, const T* w, const T* h, const T* A, T* g_w, T* g_h, T* g_A, int64_t first,
                             int64_t last, int64_t T_, int64_t L, int64_t dv, int64_t d) {
+  // With R_j = sum over lag of A[lag, j] * g[t+lag]: dL/dw_j = k~ . R_j, dL/dk~ = sum over j of w_j R_j, and
+  // g_A[lag, j] gets w_j g[t+lag] * k~. R_j and dL/dk~ stay in registers; g_w_sums holds dv vectors of partial dots.
+  std::vector<Vec<T>> g_w_sums(dv);
+  std::vector<T> g_w_tail(dv);                                   // from the lanes past the last whole vector
   for (int64_t n = first; n < last; ++n) {
-    const T* k = h + n * d;
-    T* gk = g_h + n * d;
-    std::fill(gk, gk + d, T(0));
-    std::fill(g_w + n * dv, g_w + (n + 1) * dv, T(0));
-    for (int64_t lag = 0; lag < std::min(L, T_ - n % T_); ++lag) {
-      const T* gy = g + (n + lag) * d;
+    const int64_t lags = std::min(L, T_ - n % T_);
+    const T *k = h + n * d, *c = w + n * dv;
+    std::fill(g_w_sums.begin(), g_w_sums.end(), Vec<T>{});
+    std::fill(g_w_tail.begin(), g_w_tail.end(), T(0));
+    simd_for<T>(d, [&](int64_t i, auto lanes) {
+      using U = typename decltype(lanes)::type;
+      const U ki = load<U>(k + i);
+      U gk{};
       for (int64_t j = 0; j < dv; ++j) {
-        const T c = w[n * dv + j], *a = A + (lag * dv + j) * d;
-        T* ga = g_A + (lag * dv + j) * d;
-        T s = 0;
-#pragma omp simd reduction(+ : s)
-        for (int64_t i = 0; i < d; ++i) {
-          const T p = gy[i] * k[i];
-          s += p * a[i];
-          ga[i] += c * p;
-          gk[i] += c * a[i] * gy[i];
+        U R{};
+        for (int64_t lag = 0; lag < lags; ++lag) {
+          const U gy = load<U>(g + (n + lag) * d + i), a = load<U>(A + (lag * dv + j) * d + i);
+          T* ga = g_A + (lag * dv + j) * d + i;
+          R += a * gy;
+          store(ga, load<U>(ga) + c[j] * gy * ki);
         }
-        g_w[n * dv + j] += s;
+        gk += c[j] * R;
+        if constexpr (std::is_same_v<U, T>) g_w_tail[j] += ki * R;
+        else g_w_sums[j] += ki * R;
       }
+      store(g_h + n * d + i, gk);
+    });
+    for (int64_t j = 0; j < dv; ++j) {
+      T s = 0;
+      for (int64_t l = 0; l < int64_t(sizeof(Vec<T>) / sizeof(T)); ++l) s += g_w_sums[j][l];
+      g_w[n * dv + j] = s + g_w_tail[j];
     }
   }
 }
