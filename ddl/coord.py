@@ -45,7 +45,7 @@ from .model import GPT, model_config
 from .model.delta import delta_update
 from .model.mup import EXPONENTS, optimizer_groups, skewed
 from .train.config import TrainConfig
-from .validation import failure, is_finite
+from .validation import OneLineParser, failure, is_finite
 
 ROWS = {"baseline": dict(residual="baseline"),
         "ddl_dv1": dict(residual="ddl", dv=1), "ddl_dv1_vmap": dict(residual="ddl", dv=1, mapping="v"),
@@ -322,8 +322,8 @@ def _checked(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ddl.coord", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="python -m ddl.coord", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="where coord*.csv and coord.png go (reports/coord)")
     sizes = parser.add_mutually_exclusive_group()
     sizes.add_argument("--widths", default=None, help="d_model, multiples of 32 (default 128,256,512)")

@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 from . import paths
+from .validation import OneLineParser
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 DEVICE_TESTS = ["tests/test_triton_kernels.py", "tests/test_model_bf16_compile.py"]
@@ -496,8 +497,8 @@ def _figure(value: float | None, form: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m ddl.gpu_check", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="python -m ddl.gpu_check", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default=",".join(DEFAULT_PARTS), help=f"of {', '.join(PARTS)}")
     parser.add_argument("--out", type=Path, default=None, help="where the reports go (default reports/gpu-check)")
     parser.add_argument("--size", default=None, help="model size (default: small on CUDA, micro on CPU)")

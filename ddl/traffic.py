@@ -27,6 +27,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .model.torch_private import FakeTensorMode, TorchDispatchMode, storage_key, tree_leaves
+from .validation import OneLineParser
 
 MATMUL_MIN_SIDE = 16
 MATMULS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation", "matmul"}
@@ -200,12 +201,11 @@ def coefficients() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
     import json
 
     from . import paths
-    parser = argparse.ArgumentParser(prog="python -m ddl.traffic", description="Writes the table of each arm's memory "
-                                     "traffic per token, layer and feature that the dry run prices GPU jobs from.")
+    parser = OneLineParser(prog="python -m ddl.traffic", description="Writes the table of each arm's memory "
+                           "traffic per token, layer and feature that the dry run prices GPU jobs from.")
     from .costs import TRAFFIC_TABLE
     parser.add_argument("--out", type=Path, default=TRAFFIC_TABLE, help=f"default {TRAFFIC_TABLE}")
     args = parser.parse_args(argv)

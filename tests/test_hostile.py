@@ -2,12 +2,13 @@
 and nothing created (no store, no run, no folder): names that become paths or script lines, values that pass
 a type check but cannot train, and the other entry points' arguments."""
 
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import python_module, run_cli
 
 SMOKE = ["model=micro", "train=smoke"]
 
@@ -153,4 +154,20 @@ def test_a_bad_worker_count_is_one_line_without_the_usage(ddl_home, workers):
     lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
     assert out.returncode == 2 and lines == [f"ddl-data prepare: error: argument --workers: {workers!r}: must be an "
                                              f"integer >= 1"], lines
+    assert_nothing_created(ddl_home)
+
+
+@pytest.mark.parametrize("command, prog", [
+    ("ddl-report", "ddl-report"), ("ddl-eval import-reference x.pt --variant ddl_dv1", "ddl-eval import-reference"),
+    ("ddl-track sync", "ddl-track"), ("ddl-ui", "ddl-ui"), ("ddl-data prepare", "ddl-data"),
+    *((f"python -m {module}",) * 2 for module in ("ddl.traffic", "ddl.tune.simulate", "ddl.coord", "ddl.data.bench",
+                                                  "ddl.gpu_check", "ddl.bench", "ddl.model.fused.triton_compile"))])
+def test_every_command_refuses_an_unknown_flag_in_its_one_error_line(ddl_home, command, prog):
+    tool, *args = command.split()
+    if tool == "python":
+        out = subprocess.run([*python_module(args[1]), "--no-such-flag"], capture_output=True, text=True, timeout=120)
+    else:
+        out = run_cli(tool, *args, "--no-such-flag", timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.splitlines() == [f"{prog}: error: unrecognized arguments: --no-such-flag"] and not out.stdout
     assert_nothing_created(ddl_home)

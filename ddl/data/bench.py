@@ -37,6 +37,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from .. import paths
+from ..validation import OneLineParser
 from .config import DataConfig
 from .sources import embedded_documents
 
@@ -317,8 +318,8 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ddl.data.bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="python -m ddl.data.bench", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=float, default=40.0, help="megabytes of text in the corpus")
     parser.add_argument("--workers", type=int, default=2, help="the parallel run's workers (beside one)")
     parser.add_argument("--tokenizers", default="byte,bpe,gpt2")

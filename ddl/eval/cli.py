@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from .. import paths
+from ..validation import OneLineParser
 from .suites import OFFLINE_TASK, PAPER_TASKS
 
 
@@ -50,8 +51,8 @@ def _download(tasks: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddl-eval", description=__doc__,
-                                     formatter_class=argparse.RawTextHelpFormatter)
+    parser = OneLineParser(prog="ddl-eval", description=__doc__,
+                           formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("target", help="run signature, run directory, checkpoint file, or 'download'")
     parser.add_argument("--tasks", nargs="+", default=None,
                         help=f"lm-eval tasks (default: {OFFLINE_TASK} to evaluate, the paper's {' '.join(PAPER_TASKS)} "

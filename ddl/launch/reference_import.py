@@ -16,6 +16,7 @@ import hashlib
 from pathlib import Path
 
 from .. import paths
+from ..validation import OneLineParser
 
 # What the checkpoint's tokens are: the authors' data and tokenizer, or the embedded corpus' bytes.
 DATA = {"fineweb_edu": dict(source="fineweb_edu", tokenizer="gpt2"),
@@ -69,8 +70,8 @@ def import_reference(path: Path, variant: str, data: str, experiment: str, max_s
 def main(argv: list[str] | None = None) -> int:
     from ..model.reference import VARIANTS
     from .spec import valid_experiment
-    parser = argparse.ArgumentParser(prog="ddl-eval import-reference", description=__doc__,
-                                     formatter_class=argparse.RawTextHelpFormatter)
+    parser = OneLineParser(prog="ddl-eval import-reference", description=__doc__,
+                           formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("checkpoint", type=Path, help="a state dict saved by the authors' code (.pt / .bin)")
     parser.add_argument("--variant", required=True, choices=list(VARIANTS), help="the reference model it was made by")
     parser.add_argument("--data", default="fineweb_edu", choices=list(DATA),

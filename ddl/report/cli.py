@@ -3,16 +3,16 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from .. import paths
 from ..text import plural
+from ..validation import OneLineParser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddl-report", description=__doc__)
+    parser = OneLineParser(prog="ddl-report", description=__doc__)
     parser.add_argument("--experiment", nargs="+", help="MLflow experiments (default: every one with ddl runs)")
     parser.add_argument("--out", type=Path, default=None, help="report root (default: reports/ of the checkout)")
     parser.add_argument("--compute", default="flops", metavar="MEASURE",

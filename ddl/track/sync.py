@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 from .. import paths
 from ..text import plural
+from ..validation import OneLineParser
 from .journal import Journal, JournalDamaged, RunHistory, file_sha256
 
 ORIGIN_TAG = "ddl.origin"          # on a run a sync created: the uid of the journal's run it rebuilds
@@ -336,7 +337,7 @@ URI_SCHEMES = ("sqlite:///", "http://", "https://", "postgresql", "mysql", "mssq
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddl-track", description="MLflow stores and the run folders' journals.")
+    parser = OneLineParser(prog="ddl-track", description="MLflow stores and the run folders' journals.")
     commands = parser.add_subparsers(dest="command", required=True)
     sync = commands.add_parser("sync", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                help="rebuild a store from DDL_HOME's run folders")

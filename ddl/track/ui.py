@@ -25,6 +25,7 @@ import urllib.request
 from typing import NamedTuple
 
 from .. import paths
+from ..validation import OneLineParser
 
 DEFAULT_PORT = 5000            # MLflow's own: a bookmark keeps working from one start to the next
 PORTS_TRIED = 100
@@ -160,8 +161,8 @@ def runs_url(base: str, experiment_id: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddl-ui", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="ddl-ui", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     parser.add_argument("--port", type=_port, default=None,
                         help=f"default: {DEFAULT_PORT}, MLflow's usual one, or the next free port")

@@ -33,6 +33,7 @@ from datetime import date
 from pathlib import Path
 
 from ..stats import detectable
+from ..validation import OneLineParser
 from .bracket import best, open_edges
 from .config import TuneConfig
 from .search import should_prune
@@ -317,7 +318,7 @@ def machine() -> str:
 
 
 def _arguments(argv) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m ddl.tune.simulate", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m ddl.tune.simulate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--experiments", type=int, default=1000, help="experiments a cell (default 1000)")
     parser.add_argument("--jobs", type=int, default=1, help="processes (default 1)")
     parser.add_argument("--write", type=Path, default=RESULTS, help=f"the file to write into (default {RESULTS})")
