@@ -65,6 +65,13 @@ inline U load(const T* p) {
 template <typename U, typename T>
 inline void store(T* p, const U& u) { std::memcpy(p, &u, sizeof u); }
 
+template <typename T>
+inline T sum_lanes(const Vec<T>& v) {
+  T s = 0;
+  for (size_t l = 0; l < sizeof(Vec<T>) / sizeof(T); ++l) s += v[l];
+  return s;
+}
+
 template <typename T, typename F>
 inline void simd_for(int64_t d, const F& body) {
   constexpr int64_t W = sizeof(Vec<T>) / sizeof(T);
@@ -474,11 +481,7 @@ void rank_one_backward_loop(const T* g, const T* w, const T* h, const T* A, T* g
       }
       store(g_h + n * d + i, gk);
     });
-    for (int64_t j = 0; j < dv; ++j) {
-      T s = 0;
-      for (int64_t l = 0; l < int64_t(sizeof(Vec<T>) / sizeof(T)); ++l) s += g_w_sums[j][l];
-      g_w[n * dv + j] = s + g_w_tail[j];
-    }
+    for (int64_t j = 0; j < dv; ++j) g_w[n * dv + j] = sum_lanes<T>(g_w_sums[j]) + g_w_tail[j];
   }
 }
 
@@ -556,37 +559,30 @@ void norm_backward_loop(const T* g_c, const T* g_yc, const T* g_yx, const T* x, 
     const T *xn = x + n * d, *gc = g_c + n * d, r = rho[n];
     for (int64_t j = 0; j < nc; ++j) g_bc[j] += a_c[j] = gate_c.backward(g_yc[n * nc + j], y_c[n * nc + j]);
     for (int64_t j = 0; j < nx; ++j) g_bx[j] += a_x[j] = gate_x.backward(g_yx[n * nx + j], y_x[n * nx + j]);
-    std::copy(gc, gc + d, G.begin());
-    for (int64_t j = 0; j < nc; ++j) {
-      const T a = a_c[j], *Wj = W_c + j * d;
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) G[i] += a * Wj[i];
-    }
-    T s = 0;                                                  // sum_i G_i g_i x_i
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < d; ++i) s += G[i] * g[i] * xn[i];
+    Vec<T> s_lanes{};
+    T s_tail = 0;
+    simd_for<T>(d, [&](int64_t i, auto lanes) {               // G, and s = sum_i G_i g_i x_i
+      using U = typename decltype(lanes)::type;
+      U Gi = load<U>(gc + i);
+      for (int64_t j = 0; j < nc; ++j) Gi += a_c[j] * load<U>(W_c + j * d + i);
+      store(G.data() + i, Gi);
+      if constexpr (std::is_same_v<U, T>) s_tail += Gi * g[i] * xn[i];
+      else s_lanes += Gi * load<U>(g + i) * load<U>(xn + i);
+    });
+    const T s = sum_lanes<T>(s_lanes) + s_tail;
     const T slope = -r * r * r * s / d;                       // through rho: -rho^3 x s / d
-    T* gx = g_x + n * d;
-#pragma omp simd
-    for (int64_t i = 0; i < d; ++i) {
-      gx[i] = r * G[i] * g[i] + slope * xn[i];
-      g_g[i] += G[i] * xn[i] * r;
-    }
-    for (int64_t j = 0; j < nc; ++j) {
-      const T a = a_c[j] * r;
-      T* gW = g_Wc + j * d;
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) gW[i] += a * xn[i] * g[i];
-    }
-    for (int64_t j = 0; j < nx; ++j) {
-      const T a = a_x[j], *Wj = W_x + j * d;
-      T* gW = g_Wx + j * d;
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) {
-        gx[i] += a * Wj[i];
-        gW[i] += a * xn[i];
+    simd_for<T>(d, [&](int64_t i, auto lanes) {               // dL/dx in registers across the gates' rows
+      using U = typename decltype(lanes)::type;
+      const U Gi = load<U>(G.data() + i), gi = load<U>(g + i), xi = load<U>(xn + i);
+      U gx = r * Gi * gi + slope * xi;
+      store(g_g + i, load<U>(g_g + i) + r * Gi * xi);
+      for (int64_t j = 0; j < nc; ++j) store(g_Wc + j * d + i, load<U>(g_Wc + j * d + i) + a_c[j] * r * xi * gi);
+      for (int64_t j = 0; j < nx; ++j) {
+        gx += a_x[j] * load<U>(W_x + j * d + i);
+        store(g_Wx + j * d + i, load<U>(g_Wx + j * d + i) + a_x[j] * xi);
       }
-    }
+      store(g_x + n * d + i, gx);
+    });
   }
 }
 
