@@ -18,7 +18,6 @@
 #include <initializer_list>
 #include <optional>
 #include <tuple>
-#include <type_traits>
 #include <vector>
 
 namespace {
@@ -65,12 +64,19 @@ inline U load(const T* p) {
 template <typename U, typename T>
 inline void store(T* p, const U& u) { std::memcpy(p, &u, sizeof u); }
 
+// A sum over a row taken in a simd_for: a vector of partial sums from its whole vectors, a scalar from the rest.
 template <typename T>
-inline T sum_lanes(const Vec<T>& v) {
-  T s = 0;
-  for (size_t l = 0; l < sizeof(Vec<T>) / sizeof(T); ++l) s += v[l];
-  return s;
-}
+struct LaneSum {
+  Vec<T> lanes{};
+  T rest = 0;
+  void add(const Vec<T>& u) { lanes += u; }
+  void add(T u) { rest += u; }
+  T total() const {
+    T s = rest;
+    for (size_t l = 0; l < sizeof(Vec<T>) / sizeof(T); ++l) s += lanes[l];
+    return s;
+  }
+};
 
 template <typename T, typename F>
 inline void simd_for(int64_t d, const F& body) {
@@ -455,14 +461,12 @@ template <typename T>
 void rank_one_backward_loop(const T* g, const T* w, const T* h, const T* A, T* g_w, T* g_h, T* g_A, int64_t first,
                             int64_t last, int64_t T_, int64_t L, int64_t dv, int64_t d) {
   // With R_j = sum over lag of A[lag, j] * g[t+lag]: dL/dw_j = k~ . R_j, dL/dk~ = sum over j of w_j R_j, and
-  // g_A[lag, j] gets w_j g[t+lag] * k~. R_j and dL/dk~ stay in registers; g_w_sums holds dv vectors of partial dots.
-  std::vector<Vec<T>> g_w_sums(dv);
-  std::vector<T> g_w_tail(dv);                                   // from the lanes past the last whole vector
+  // g_A[lag, j] gets w_j g[t+lag] * k~. R_j and dL/dk~ stay in registers.
+  std::vector<LaneSum<T>> g_w_sums(dv);
   for (int64_t n = first; n < last; ++n) {
     const int64_t lags = std::min(L, T_ - n % T_);
     const T *k = h + n * d, *c = w + n * dv;
-    std::fill(g_w_sums.begin(), g_w_sums.end(), Vec<T>{});
-    std::fill(g_w_tail.begin(), g_w_tail.end(), T(0));
+    std::fill(g_w_sums.begin(), g_w_sums.end(), LaneSum<T>{});
     simd_for<T>(d, [&](int64_t i, auto lanes) {
       using U = typename decltype(lanes)::type;
       const U ki = load<U>(k + i);
@@ -476,12 +480,11 @@ void rank_one_backward_loop(const T* g, const T* w, const T* h, const T* A, T* g
           store(ga, load<U>(ga) + c[j] * gy * ki);
         }
         gk += c[j] * R;
-        if constexpr (std::is_same_v<U, T>) g_w_tail[j] += ki * R;
-        else g_w_sums[j] += ki * R;
+        g_w_sums[j].add(ki * R);
       }
       store(g_h + n * d + i, gk);
     });
-    for (int64_t j = 0; j < dv; ++j) g_w[n * dv + j] = sum_lanes<T>(g_w_sums[j]) + g_w_tail[j];
+    for (int64_t j = 0; j < dv; ++j) g_w[n * dv + j] = g_w_sums[j].total();
   }
 }
 
@@ -559,18 +562,15 @@ void norm_backward_loop(const T* g_c, const T* g_yc, const T* g_yx, const T* x, 
     const T *xn = x + n * d, *gc = g_c + n * d, r = rho[n];
     for (int64_t j = 0; j < nc; ++j) g_bc[j] += a_c[j] = gate_c.backward(g_yc[n * nc + j], y_c[n * nc + j]);
     for (int64_t j = 0; j < nx; ++j) g_bx[j] += a_x[j] = gate_x.backward(g_yx[n * nx + j], y_x[n * nx + j]);
-    Vec<T> s_lanes{};
-    T s_tail = 0;
+    LaneSum<T> s;
     simd_for<T>(d, [&](int64_t i, auto lanes) {               // G, and s = sum_i G_i g_i x_i
       using U = typename decltype(lanes)::type;
       U Gi = load<U>(gc + i);
       for (int64_t j = 0; j < nc; ++j) Gi += a_c[j] * load<U>(W_c + j * d + i);
       store(G.data() + i, Gi);
-      if constexpr (std::is_same_v<U, T>) s_tail += Gi * g[i] * xn[i];
-      else s_lanes += Gi * load<U>(g + i) * load<U>(xn + i);
+      s.add(Gi * load<U>(g + i) * load<U>(xn + i));
     });
-    const T s = sum_lanes<T>(s_lanes) + s_tail;
-    const T slope = -r * r * r * s / d;                       // through rho: -rho^3 x s / d
+    const T slope = -r * r * r * s.total() / d;                       // through rho: -rho^3 x s / d
     simd_for<T>(d, [&](int64_t i, auto lanes) {               // dL/dx in registers across the gates' rows
       using U = typename decltype(lanes)::type;
       const U Gi = load<U>(G.data() + i), gi = load<U>(g + i), xi = load<U>(xn + i);
