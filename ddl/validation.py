@@ -85,6 +85,17 @@ def at_least_one(value: str) -> int:
     return int(value)
 
 
+def positive_number(value: str) -> float:
+    """An argparse type: a finite number > 0 (megabytes, seconds), else its one-line refusal."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number > 0):
+        raise argparse.ArgumentTypeError(f"{shown(value)}: must be a finite number > 0")
+    return number
+
+
 def printable_path(value: str) -> Path:
     """An argparse type: a path without control characters (a newline would start a line in what names it)."""
     if not value or not value.isprintable():

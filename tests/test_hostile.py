@@ -121,7 +121,7 @@ def test_other_entry_points_refuse_bad_arguments_in_one_line(ddl_home):
     out = run_cli("ddl-eval", "nothing", "--shots", "-1")
     assert_one_line(out, "ddl-eval: error: ", "eval.shots=[-1]: must be a list of integers >= 0")
     out = run_cli("ddl-ui", "--port", "99999")
-    assert out.returncode == 2 and "--port=99999: must be an integer in [1, 65535]" in out.stderr
+    assert out.returncode == 2 and "--port='99999': must be an integer in [1, 65535]" in out.stderr
     assert "Traceback" not in out.stderr and not (ddl_home / "mlflow.db").exists()
 
 
@@ -171,3 +171,18 @@ def test_every_command_refuses_an_unknown_flag_in_its_one_error_line(ddl_home, c
     assert out.returncode == 2, out.stderr
     assert out.stderr.splitlines() == [f"{prog}: error: unrecognized arguments: --no-such-flag"] and not out.stdout
     assert_nothing_created(ddl_home)
+
+
+@pytest.mark.parametrize("argument, value, message", [
+    ("--mb", "nan", "argument --mb: 'nan': must be a finite number > 0"),
+    ("--mb", "0", "argument --mb: '0': must be a finite number > 0"),
+    ("--workers", "-1", "argument --workers: '-1': must be an integer >= 1"),
+    ("--tokenizers", "byte,bogus", "--tokenizers: 'bogus' unknown; allowed: byte, bpe, gpt2"),
+    ("--out", "a\nb", "argument --out: 'a\\nb': must be a non-empty path of printable characters")])
+def test_the_data_bench_refuses_a_hostile_value_in_one_line_making_nothing(tmp_path, argument, value, message):
+    out = tmp_path / "out"
+    args = [argument, value] if argument == "--out" else [argument, value, "--out", str(out)]
+    done = subprocess.run([*python_module("ddl.data.bench"), *args], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.splitlines() == [f"python -m ddl.data.bench: error: {message}"]
+    assert not out.exists() and list(tmp_path.iterdir()) == []

@@ -37,8 +37,8 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from .. import paths
-from ..validation import OneLineParser
-from .config import DataConfig
+from ..validation import OneLineParser, at_least_one, positive_number, printable_path, shown
+from .config import TOKENIZERS, DataConfig
 from .sources import embedded_documents
 
 PAPER_TOKENS = 50e9
@@ -320,11 +320,14 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m ddl.data.bench", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mb", type=float, default=40.0, help="megabytes of text in the corpus")
-    parser.add_argument("--workers", type=int, default=2, help="the parallel run's workers (beside one)")
-    parser.add_argument("--tokenizers", default="byte,bpe,gpt2")
-    parser.add_argument("--out", type=Path, default=None, help="where prepare.{json,md} go (default reports/bench)")
+    parser.add_argument("--mb", type=positive_number, default=40.0, help="megabytes of text in the corpus")
+    parser.add_argument("--workers", type=at_least_one, default=2, help="the parallel run's workers (beside one)")
+    parser.add_argument("--tokenizers", default=",".join(TOKENIZERS), help="comma-separated, of the default's")
+    parser.add_argument("--out", type=printable_path, default=None,
+                        help="where prepare.{json,md} go (default reports/bench)")
     args = parser.parse_args(argv)
+    if unknown := [name for name in args.tokenizers.split(",") if name not in TOKENIZERS]:
+        parser.error(f"--tokenizers: {', '.join(map(shown, unknown))} unknown; allowed: {', '.join(TOKENIZERS)}")
     out = args.out or (paths.project_root() or Path.cwd()) / "reports" / "bench"
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.node()} {_cpu_model()}",
               "cpus": os.cpu_count(), "load": os.getloadavg()}

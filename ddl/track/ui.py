@@ -25,7 +25,7 @@ import urllib.request
 from typing import NamedTuple
 
 from .. import paths
-from ..validation import OneLineParser
+from ..validation import OneLineParser, shown
 
 DEFAULT_PORT = 5000            # MLflow's own: a bookmark keeps working from one start to the next
 PORTS_TRIED = 100
@@ -143,7 +143,7 @@ def watch(group: int, timeout_s: float = 10) -> None:
 
 def _port(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"--port={text}: must be an integer in [1, 65535]")
+        raise argparse.ArgumentTypeError(f"--port={shown(text)}: must be an integer in [1, 65535]")
     return int(text)
 
 
