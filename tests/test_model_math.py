@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from ddl.model import delta_update
 from ddl.model.delta import delta_key, expand_state, rank_one_read, state_read
-from ddl.model.fused import (DeltaKey, FusedDeltaUpdate, FusedExpand, FusedRankOneRead, FusedStateRead, eager,
+from ddl.model.fused import (FusedExpand, FusedRankOneRead, FusedStateRead, eager, fused_key, fused_update,
                              loops_for, native, norm_projections)
 
 D, DV = 16, 4
@@ -101,7 +101,7 @@ def update_inputs(dv, seed=2, B=2, T=3):
 def test_fused_update_matches_the_plain_one_in_value_and_gradient(dv, loops):
     plain_in, fused_in = update_inputs(dv), update_inputs(dv)
     plain = delta_update(*plain_in, K_EPS)                                      # (new state, w)
-    fused = FusedDeltaUpdate.apply(*fused_in, K_EPS)
+    fused = fused_update(*fused_in, K_EPS)
     g = torch.Generator().manual_seed(3)
     weights = [torch.randn(out.shape, generator=g) for out in plain]            # a loss on both outputs
     for outputs in (plain, fused):
@@ -110,26 +110,26 @@ def test_fused_update_matches_the_plain_one_in_value_and_gradient(dv, loops):
         assert torch.allclose(a, b, atol=1e-12)
     for name, a, b in zip(("X", "k_raw", "beta", "v"), plain_in, fused_in, strict=True):
         assert torch.allclose(a.grad, b.grad, atol=1e-12), name
-    assert torch.autograd.gradcheck(lambda *t: FusedDeltaUpdate.apply(*t, K_EPS), update_inputs(dv))
+    assert torch.autograd.gradcheck(lambda *t: fused_update(*t, K_EPS), update_inputs(dv))
 
 
 def test_fused_update_keeps_the_state_in_fp32_under_bf16_autocast(loops):
     inputs = [t.detach().float() for t in update_inputs(DV)]
-    plain, _ = FusedDeltaUpdate.apply(*inputs, K_EPS)
+    plain, _ = fused_update(*inputs, K_EPS)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        autocast, _ = FusedDeltaUpdate.apply(*inputs, K_EPS)
+        autocast, _ = fused_update(*inputs, K_EPS)
     assert autocast.dtype == torch.float32 and torch.equal(autocast, plain)
 
 
 @pytest.mark.parametrize("used", ["every output", "w alone"])
 def test_delta_key_matches_the_plain_update_and_read_in_value_and_gradient(used, loops):
-    """DeltaKey (w, the mid state's handle, x_in + the read of the write) against delta_key, which returns the mid
+    """fused_key (w, the mid state's handle, x_in + the read of the write) against delta_key, which returns the mid
     state itself: the handle's gradient is the mid state's, so a loss on either gives the inputs the same gradients."""
     g = torch.Generator().manual_seed(9)
     x_in, A = torch.randn(2, 3, D, generator=g), torch.randn(DV, D, 4, generator=g)
     plain_in, fused_in = ([*update_inputs(DV), x_in.clone().requires_grad_(), A.clone().requires_grad_()]
                           for _ in range(2))
-    plain, fused = delta_key(*plain_in, K_EPS), DeltaKey.apply(*fused_in, K_EPS)
+    plain, fused = delta_key(*plain_in, K_EPS), fused_key(*fused_in, K_EPS)
     assert torch.allclose(fused[0], plain[0], atol=1e-12) and torch.allclose(fused[2], plain[2], atol=1e-12)
     weights = [torch.randn(out.shape, generator=g) for out in plain]
     used_outputs = 3 if used == "every output" else 1

@@ -66,6 +66,34 @@ def test_cpp_ops_declare_their_outputs_for_torch_compile():
         assert set(result.values()) == {"SUCCESS"}, (name, result)
 
 
+def _autograd_nodes(loss: torch.Tensor) -> set[str]:
+    """The names of every node of loss's backward graph."""
+    seen, todo = set(), [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            todo += [next_node for next_node, _ in node.next_functions]
+    return {node.name() for node in seen}
+
+
+def test_an_eager_cpu_step_records_the_delta_ops_autograd_in_cpp_and_compiled_traces_the_python_functions():
+    """Eagerly on CPU every sublayer's Delta ops are the C++ ops with their autograd in C++ (no Python Function in
+    the graph: a small step's dispatch); with the C++ loops off, and under torch.compile, the Python Functions."""
+    from ddl.model import GPT, model_config
+    idx = torch.arange(24).view(2, 12) % 64
+    cpp = {1: {"DeltaUpdate", "NormProjections"}, 4: {"DeltaKey", "DeltaWrite", "NormProjections"}}
+    for dv, names in cpp.items():
+        model = GPT(model_config("micro", vocab_size=64, residual="ddl", dv=dv))
+        nodes = _autograd_nodes(model(idx, idx)[1])
+        assert {f"torch::autograd::CppNode<(anonymous namespace)::{name}>" for name in names} <= nodes, nodes
+        assert not any(name.startswith(("FusedDeltaUpdate", "DeltaKey", "DeltaWrite", "FusedNorm")) for name in nodes)
+        with native.eager_loops():
+            assert not any("CppNode" in name for name in _autograd_nodes(model(idx, idx)[1]))
+    model.compile_blocks(backend="aot_eager")
+    assert not any("CppNode" in name for name in _autograd_nodes(model(idx, idx)[1]))
+
+
 def test_the_cpp_kernels_give_the_same_bits_whatever_the_thread_count():
     """A run resumed on a node with other CPUs (a SLURM requeue) continues the same curve as far as our
     kernels go: their sums over tokens are chunked by the token count alone. (torch's own CPU ops, the

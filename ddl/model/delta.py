@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .fused import (DeltaKey, DeltaWrite, FusedExpand, FusedRankOneRead, FusedStateRead, at_least_fp32,
-                    autocast_off, eager, norm_projections, update_steps)
+from .fused import (FusedExpand, FusedRankOneRead, FusedStateRead, at_least_fp32, autocast_off, eager, fused_key,
+                    fused_write, norm_projections, update_steps)
 from .mup import value_multiplier
 
 
@@ -38,7 +38,7 @@ def delta_update(X: torch.Tensor, k_raw: torch.Tensor, beta: torch.Tensor, v: to
     read the new state cheaply (read_write). The normalisation runs in at least fp32, so a bf16 k~
     loses no precision to it (paper 4.1).
 
-    The plain PyTorch form: the reference that FusedDeltaUpdate (what the model runs) is tested
+    The plain PyTorch form: the reference that fused_update (what the model runs) is tested
     against. X (B,T,dv,d), k~ (B,T,d), beta (B,T,1) fp32, v (B,T,dv).
     """
     acc = at_least_fp32(X.dtype)
@@ -293,8 +293,8 @@ def delta_kernels(kind: str) -> DeltaOps:
                         FusedExpand.apply, torch.compile(functools.partial(delta_key, rank_one=FusedRankOneRead.apply)),
                         functools.partial(delta_write, update=update, read=read),
                         torch.compile(eager.norm_projections))
-    return DeltaOps(update_steps, FusedStateRead.apply, FusedRankOneRead.apply, FusedExpand.apply, DeltaKey.apply,
-                    DeltaWrite.apply, norm_projections)
+    return DeltaOps(update_steps, FusedStateRead.apply, FusedRankOneRead.apply, FusedExpand.apply, fused_key,
+                    fused_write, norm_projections)
 
 
 class StateCompressor(nn.Module):

@@ -14,6 +14,10 @@ ops save their inputs as given and a few (B,T,dv) numbers; their gradients go ba
 them in, and autograd casts each to its input's (eagerly and compiled), so a Function's body is its loops' call.
 norm_projections, a sublayer's RMSNorm with the gates' linear maps and activations, is one op too (C++,
 Triton).
+Eagerly on CPU, the ops every sublayer runs (the update, DeltaKey, DeltaWrite, the norm) are cpu.cpp's own autograd
+ops: the same loops, saved tensors and gradients as the Python Functions here, without Python's Function machinery,
+which is most of a small step's time (fused_update, fused_key, fused_write, norm_projections choose). torch.compile
+traces the Python Functions.
 """
 
 from __future__ import annotations
@@ -223,11 +227,38 @@ def _by_kind(steps: list) -> tuple[list, list, list]:
     return steps[0::3], steps[1::3], steps[2::3]
 
 
+def _cpp_autograd(t: torch.Tensor) -> bool:
+    """Whether an op on t runs as the C++ op with its autograd in C++ (cpu.cpp's `update` and `norm`): eagerly on CPU
+    where the C++ loops run; torch.compile traces the Python Functions."""
+    return t.is_cpu and not _emulating_cuda and _native() and not torch.compiler.is_compiling()
+
+
+def fused_update(X, h, beta, v, k_eps: float):
+    """FusedDeltaUpdate: (X, k~, beta, v) -> (X + w k~^T, w), as the C++ autograd op where it runs."""
+    if _cpp_autograd(X):
+        return torch.ops.ddl_delta.update(X, h, beta, v, k_eps ** 2)
+    return FusedDeltaUpdate.apply(X, h, beta, v, k_eps)
+
+
+def fused_key(X, h, beta, v, x_in, A, k_eps: float):
+    """DeltaKey, as the C++ autograd op where it runs."""
+    if _cpp_autograd(X):
+        return torch.ops.ddl_delta.key(X, h, beta, v, x_in, A, k_eps ** 2)
+    return DeltaKey.apply(X, h, beta, v, x_in, A, k_eps)
+
+
+def fused_write(handle, X, h_a, w_a, h, beta, v, A, k_eps: float, store_state: bool):
+    """DeltaWrite, as the C++ autograd op where it runs."""
+    if _cpp_autograd(X):
+        return torch.ops.ddl_delta.write(handle, X, h_a, w_a, h, beta, v, A, k_eps ** 2, store_state)
+    return DeltaWrite.apply(handle, X, h_a, w_a, h, beta, v, A, k_eps, store_state)
+
+
 def update_steps(X, steps, k_eps: float):
     """A sublayer's Delta updates [(k~_s, beta_s, v_s)] in turn -> (X_S, [w_s]) (see delta.delta_update_steps):
-    one update is FusedDeltaUpdate, more are FusedDeltaSteps, one pass over the state for all of them."""
+    one update is fused_update, more are FusedDeltaSteps, one pass over the state for all of them."""
     if len(steps) == 1:
-        X, w = FusedDeltaUpdate.apply(X, *steps[0], k_eps)
+        X, w = fused_update(X, *steps[0], k_eps)
         return X, [w]
     X, w = FusedDeltaSteps.apply(X, k_eps, *(t for step in steps for t in step))
     return X, list(w.unbind(2))
@@ -264,6 +295,8 @@ def norm_projections(x, weight, W_c, W_x, eps: float, b_c=None, b_x=None, s_c: f
     without biases): a sublayer's RMSNorm, gate maps and activations in one op where the loops have one (C++ on CPU,
     Triton on CUDA; its backward adds the gates' gradients into the norm's instead of writing and summing separate
     ones), else the plain ops. On CUDA a map of c wider than MAX_FOLDED_MAPS (the MLP gate's) runs as a matmul."""
+    if _cpp_autograd(x):
+        return torch.ops.ddl_delta.norm(x, weight, W_c, W_x, b_c, b_x, s_c, s_x, eps)
     loops = loops_for(x)
     if loops is eager:
         return eager.norm_projections(x, weight, W_c, W_x, eps, b_c, b_x, s_c, s_x)

@@ -10,6 +10,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -980,6 +982,136 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> norm_backward(
   return {g_x, g_g, g_Wc, g_Wx, gated(b_c, g_bc), gated(b_x, g_bx)};
 }
 
+// Eager autograd in C++ for the ops every sublayer runs: what fused/__init__.py's FusedDeltaUpdate, DeltaKey,
+// DeltaWrite and FusedNormProjections do with these loops (the same saved tensors, casts and gradients), without
+// Python's Function machinery, which is most of a small step's time. torch.compile traces the Python Functions.
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+Tensor in_dtype(const Tensor& t, at::ScalarType dtype) { return t.scalar_type() == dtype ? t : t.to(dtype); }
+
+std::optional<Tensor> given(const Tensor& t) { return t.defined() ? std::optional<Tensor>(t) : std::nullopt; }
+
+// A state-shaped zero that allocates nothing: the handle of DeltaKey's mid state, an unused state's gradient.
+Tensor zeros_as(const Tensor& X) { return at::zeros({}, X.options()).expand(X.sizes()); }
+
+// The gradients of an update's X, k~, beta, v from what its forward saved, {X, h, beta, v, rho, q, ...}.
+std::tuple<Tensor, Tensor, Tensor, Tensor> update_grads(const Tensor& G, const Tensor& g_w, const variable_list& s) {
+  return update_backward(G.defined() ? G : zeros_as(s[0]), given(g_w), s[0], s[1], s[2], s[3], s[4], s[5]);
+}
+
+class DeltaUpdate : public torch::autograd::Function<DeltaUpdate> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& X, const Tensor& h, const Tensor& beta,
+                               const Tensor& v, double eps2) {
+    auto [X_new, w, rho, q] = update_forward(X, h, beta, v, eps2);
+    ctx->save_for_backward({X, h, beta, v, rho, q});
+    ctx->set_materialize_grads(false);                    // w's gradient is undefined where w is unused (d_v = 1)
+    return {in_dtype(X_new, X.scalar_type()), w};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto [g_X, g_h, g_beta, g_v] = update_grads(grads[0], grads[1], ctx->get_saved_variables());
+    return {g_X, g_h, g_beta, g_v, Tensor()};
+  }
+};
+
+std::tuple<Tensor, Tensor> update_autograd(const Tensor& X, const Tensor& h, const Tensor& beta, const Tensor& v,
+                                           double eps2) {
+  const variable_list out = DeltaUpdate::apply(X, h, beta, v, eps2);
+  return {out[0], out[1]};
+}
+
+class DeltaKey : public torch::autograd::Function<DeltaKey> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& X, const Tensor& h, const Tensor& beta,
+                               const Tensor& v, const Tensor& x_in, const Tensor& A, double eps2) {
+    auto [w, rho, q] = key_forward(X, h, beta, v, eps2);
+    ctx->save_for_backward({X, h, beta, v, rho, q, w, A});
+    ctx->set_materialize_grads(false);
+    return {w, zeros_as(X), x_in + rank_one_forward(w, h, A)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();
+    const Tensor &g_w = grads[0], &G_mid = grads[1], &g_read = grads[2];
+    if (!g_read.defined()) {
+      auto [g_X, g_h, g_beta, g_v] = update_grads(G_mid, g_w, s);
+      return {g_X, g_h, g_beta, g_v, Tensor(), Tensor(), Tensor()};
+    }
+    auto [g_w_read, g_h_read, g_A] = rank_one_backward(g_read, s[6], s[1], s[7]);
+    auto [g_X, g_h, g_beta, g_v] = update_grads(G_mid, g_w.defined() ? g_w + g_w_read : g_w_read, s);
+    return {g_X, g_h + g_h_read, g_beta, g_v, g_read, g_A, Tensor()};
+  }
+};
+
+std::tuple<Tensor, Tensor, Tensor> key_autograd(const Tensor& X, const Tensor& h, const Tensor& beta, const Tensor& v,
+                                                const Tensor& x_in, const Tensor& A, double eps2) {
+  const variable_list out = DeltaKey::apply(X, h, beta, v, x_in, A, eps2);
+  return {out[0], out[1], out[2]};
+}
+
+class DeltaWrite : public torch::autograd::Function<DeltaWrite> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& handle, const Tensor& X, const Tensor& h_a,
+                               const Tensor& w_a, const Tensor& h, const Tensor& beta, const Tensor& v, const Tensor& A,
+                               double eps2, bool store_state) {
+    auto [X_out, w, rho, q, x_next] = write_forward(X, h_a, w_a, h, beta, v, A, eps2, store_state);
+    ctx->save_for_backward({X, h_a, w_a, h, beta, v, rho, q, A});
+    ctx->set_materialize_grads(false);
+    return {in_dtype(X_out, X.scalar_type()), w, x_next};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();
+    const Tensor& X = s[0];
+    const Tensor G = grads[0].defined() && grads[0].numel() > 0 ? grads[0] : Tensor();   // the unstored state's
+    const Tensor g_next = grads[2].defined() ? grads[2]
+        : at::zeros({X.size(0), X.size(1), X.size(3)}, X.options().dtype(computing_type(X)));
+    auto [G_mid, g_h, g_beta, g_v, g_A] =
+        write_backward(given(G), given(grads[1]), g_next, X, s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8]);
+    return {G_mid, Tensor(), Tensor(), Tensor(), g_h, g_beta, g_v, g_A, Tensor(), Tensor()};
+  }
+};
+
+std::tuple<Tensor, Tensor, Tensor> write_autograd(const Tensor& handle, const Tensor& X, const Tensor& h_a,
+                                                  const Tensor& w_a, const Tensor& h, const Tensor& beta,
+                                                  const Tensor& v, const Tensor& A, double eps2, bool store_state) {
+  const variable_list out = DeltaWrite::apply(handle, X, h_a, w_a, h, beta, v, A, eps2, store_state);
+  return {out[0], out[1], out[2]};
+}
+
+class NormProjections : public torch::autograd::Function<NormProjections> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& g, const Tensor& W_c,
+                               const Tensor& W_x, const std::optional<Tensor>& b_c, const std::optional<Tensor>& b_x,
+                               double s_c, double s_x, double eps) {
+    const at::ScalarType c_dtype = at::autocast::is_autocast_enabled(at::kCPU)
+                                       ? at::autocast::get_autocast_dtype(at::kCPU) : x.scalar_type();
+    auto [c, y_c, y_x, rho] = norm_forward(x, g, W_c, W_x, b_c, b_x, s_c, s_x, eps);
+    ctx->save_for_backward({x, g, W_c, W_x, b_c.value_or(Tensor()), b_x.value_or(Tensor()), rho, y_c, y_x});
+    ctx->saved_data["s_c"] = s_c;
+    ctx->saved_data["s_x"] = s_x;
+    return {in_dtype(c, c_dtype), y_c, y_x};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();
+    auto [g_x, g_g, g_Wc, g_Wx, g_bc, g_bx] =
+        norm_backward(grads[0], grads[1], grads[2], s[0], s[1], s[2], s[3], given(s[4]), given(s[5]),
+                      ctx->saved_data["s_c"].toDouble(), ctx->saved_data["s_x"].toDouble(), s[6], s[7], s[8]);
+    return {g_x, g_g, g_Wc, g_Wx, s[4].defined() ? g_bc : Tensor(), s[5].defined() ? g_bx : Tensor(),
+            Tensor(), Tensor(), Tensor()};
+  }
+};
+
+std::tuple<Tensor, Tensor, Tensor> norm_autograd(const Tensor& x, const Tensor& g, const Tensor& W_c,
+                                                 const Tensor& W_x, const std::optional<Tensor>& b_c,
+                                                 const std::optional<Tensor>& b_x, double s_c, double s_x, double eps) {
+  const variable_list out = NormProjections::apply(x, g, W_c, W_x, b_c, b_x, s_c, s_x, eps);
+  return {out[0], out[1], out[2]};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(ddl_delta, m) {
@@ -1006,6 +1138,13 @@ TORCH_LIBRARY(ddl_delta, m) {
   m.def("norm_backward(Tensor g_c, Tensor g_yc, Tensor g_yx, Tensor x, Tensor g, Tensor W_c, Tensor W_x, Tensor? b_c,"
         " Tensor? b_x, float s_c, float s_x, Tensor rho, Tensor y_c, Tensor y_x)"
         " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("update(Tensor X, Tensor h, Tensor beta, Tensor v, float eps2) -> (Tensor, Tensor)");
+  m.def("key(Tensor X, Tensor h, Tensor beta, Tensor v, Tensor x_in, Tensor A, float eps2)"
+        " -> (Tensor, Tensor, Tensor)");
+  m.def("write(Tensor handle, Tensor X, Tensor h_a, Tensor w_a, Tensor h, Tensor beta, Tensor v, Tensor A, float eps2,"
+        " bool store_state) -> (Tensor, Tensor, Tensor)");
+  m.def("norm(Tensor x, Tensor g, Tensor W_c, Tensor W_x, Tensor? b_c, Tensor? b_x, float s_c, float s_x, float eps)"
+        " -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(ddl_delta, CPU, m) {
@@ -1024,4 +1163,13 @@ TORCH_LIBRARY_IMPL(ddl_delta, CPU, m) {
   m.impl("expand_backward", expand_backward);
   m.impl("norm_forward", norm_forward);
   m.impl("norm_backward", norm_backward);
+}
+
+// One kernel for every dispatch key: the Function records its node where a gradient is wanted, none under no_grad or
+// inference_mode. CPU tensors only (the loops'); never traced (torch.compile takes the Python Functions).
+TORCH_LIBRARY_IMPL(ddl_delta, CompositeImplicitAutograd, m) {
+  m.impl("update", update_autograd);
+  m.impl("key", key_autograd);
+  m.impl("write", write_autograd);
+  m.impl("norm", norm_autograd);
 }
