@@ -1051,6 +1051,7 @@ std::tuple<Tensor, Tensor, Tensor> key_autograd(const Tensor& X, const Tensor& h
   return {out[0], out[1], out[2]};
 }
 
+// handle: DeltaKey's of the mid state, an input for its gradient (dL/dX_mid) alone.
 class DeltaWrite : public torch::autograd::Function<DeltaWrite> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& handle, const Tensor& X, const Tensor& h_a,
