@@ -34,7 +34,7 @@ from .model import GPT, SIZES, ModelConfig
 from .costs import BF16_PEAK_FLOPS, RECORDED_COSTS, training_flops
 from .model.fused import loops_name, native
 from .train.distributed import keep_freed_memory
-from .validation import OneLineParser, at_least_one, printable_path
+from .validation import OneLineParser, at_least_one, printable_path, unknown_names
 
 DDL_ARMS = {"ddl_dv1": dict(residual="ddl", dv=1), "ddl_dv4": dict(residual="ddl", dv=4),
             "ddl_dv4_cc": dict(residual="ddl", dv=4, conv="cc"), "ddl_dv4_ec": dict(residual="ddl", dv=4, conv="ec")}
@@ -56,8 +56,7 @@ PLAN_1000 = ["-m", "+variant=baseline,ddl_dv1,ddl_dv4,ddl_dv4_ec", "seed=range(0
 
 def arms_error(names: list[str]) -> str | None:
     """The one-line refusal of an --arms list that names an arm not in ARMS, or None."""
-    unknown = [name for name in names if name not in ARMS]
-    return f"--arms: {', '.join(map(repr, unknown))} unknown; allowed: {', '.join(ARMS)}" if unknown else None
+    return unknown_names("--arms", names, ARMS)
 
 
 def relative_distance(grads: list[torch.Tensor], reference: list[torch.Tensor]) -> float:

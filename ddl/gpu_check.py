@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from . import paths
-from .validation import OneLineParser
+from .validation import OneLineParser, unknown_names
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 DEVICE_TESTS = ["tests/test_triton_kernels.py", "tests/test_model_bf16_compile.py"]
@@ -520,9 +520,8 @@ def _checked_arguments(parser: argparse.ArgumentParser, argv) -> argparse.Namesp
     """The arguments, each bad one argparse's one error: an unknown part, an unknown arm, arms not baseline first."""
     args = parser.parse_args(argv)
     parts, arms = args.parts.split(","), args.arms.split(",")
-    unknown = [part for part in parts if part not in PARTS]
-    if unknown:
-        parser.error(f"--parts: {', '.join(map(repr, unknown))} unknown; allowed: {', '.join(PARTS)}")
+    if error := unknown_names("--parts", parts, PARTS):
+        parser.error(error)
     from .bench import arms_error
     if error := arms_error(arms):
         parser.error(error)

@@ -24,6 +24,12 @@ def shown(value, width: int = 60) -> str:
     return text if len(text) <= width else f"{text[:width]}...({len(text)} characters)"
 
 
+def unknown_names(option: str, names: list[str], allowed) -> str | None:
+    """The one-line refusal of a comma-separated option's names that are not in `allowed`, or None."""
+    unknown = [name for name in names if name not in allowed]
+    return f"{option}: {', '.join(map(shown, unknown))} unknown; allowed: {', '.join(allowed)}" if unknown else None
+
+
 def failure(group: str = "") -> Callable[[str, object, str], NoReturn]:
     """fail(key, value, allowed) for one config group: failure("train")("lr", 0, "...") raises
     ValueError("train.lr=0: ...")."""

@@ -37,7 +37,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from .. import paths
-from ..validation import OneLineParser, at_least_one, positive_number, printable_path, shown
+from ..validation import OneLineParser, at_least_one, positive_number, printable_path, unknown_names
 from .config import TOKENIZERS, DataConfig
 from .sources import embedded_documents
 
@@ -326,8 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=printable_path, default=None,
                         help="where prepare.{json,md} go (default reports/bench)")
     args = parser.parse_args(argv)
-    if unknown := [name for name in args.tokenizers.split(",") if name not in TOKENIZERS]:
-        parser.error(f"--tokenizers: {', '.join(map(shown, unknown))} unknown; allowed: {', '.join(TOKENIZERS)}")
+    if error := unknown_names("--tokenizers", args.tokenizers.split(","), TOKENIZERS):
+        parser.error(error)
     out = args.out or (paths.project_root() or Path.cwd()) / "reports" / "bench"
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.node()} {_cpu_model()}",
               "cpus": os.cpu_count(), "load": os.getloadavg()}
