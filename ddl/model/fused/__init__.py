@@ -230,7 +230,7 @@ def _by_kind(steps: list) -> tuple[list, list, list]:
 def _cpp_autograd(t: torch.Tensor) -> bool:
     """Whether an op on t runs as a C++ op with its autograd in C++ (cpu.cpp's update, key, write, norm): eagerly on CPU
     where the C++ loops run; torch.compile traces the Python Functions."""
-    return t.is_cpu and not _emulating_cuda and _native() and not torch.compiler.is_compiling()
+    return loops_for(t) is torch.ops.ddl_delta and not _emulating_cuda and not torch.compiler.is_compiling()
 
 
 def fused_update(X, h, beta, v, k_eps: float):
