@@ -548,6 +548,9 @@ def _rounds(args: argparse.Namespace, default: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    names = ["baseline", *(name for name in args.arms.split(",") if name != "baseline")]
+    if error := arms_error(names):                     # refused whichever figures run, before any of them
+        parser.error(error)
     out, runs, sweep_jobs = args.out or paths.reports_dir() / "bench", *((1, 2) if args.quick else (5, 4))
     if args.orchestrator:
         result = {"machine": {"device": cpu_name()}, "orchestrator": orchestrator_costs(runs, sweep_jobs)}
@@ -557,9 +560,6 @@ def main(argv: list[str] | None = None) -> int:
         rounds = (2, 2) if args.quick else (_rounds(args, DISPATCH_ROUNDS), args.steps)
         result = {"machine": cpu_name(), "dispatch": dispatch_costs(*rounds)}
         return _write(out, "dispatch", result, dispatch_markdown(result))
-    names = ["baseline", *(name for name in args.arms.split(",") if name != "baseline")]
-    if error := arms_error(names):
-        parser.error(error)
     if args.traffic:
         result = traffic_costs(names, args.size)
         return _write(out, "traffic", result, traffic_markdown(result))

@@ -74,6 +74,15 @@ def test_the_orchestrator_alone_times_start_up_the_plan_of_1000_jobs_and_a_sweep
     assert "| local sweep of 2 micro jobs" in markdown                     # --quick: 2 jobs
 
 
+@pytest.mark.parametrize("mode", ["--dispatch", "--orchestrator", "--model"])
+def test_an_unknown_arm_is_refused_in_one_line_whichever_figures_were_asked_for(tmp_path, mode):
+    done = subprocess.run([*python_module("ddl.bench"), mode, "--arms", "baseline,no\nsuch",
+                           "--out", str(tmp_path / "b")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        f"python -m ddl.bench: error: --arms: 'no\\nsuch' unknown; allowed: {', '.join(ARMS)}"], done.stderr
+    assert not (tmp_path / "b").exists() and not done.stdout
+
+
 def test_a_compiled_twin_is_judged_against_its_own_kind():
     """The step-time bounds of model_table: d_v=4 at 1.25x, each convolution within 1.05x of the d_v=4 arm of its own
     kernels (fused or compiled), DeltaProduct at d_v=1 unbounded; the memory bound on both d_v=4 arms."""
