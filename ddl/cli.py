@@ -75,7 +75,8 @@ def run_main() -> None:
             sys.argv = [sys.argv[0], *hydra_argv]
             if not _print_help(str(conf_dir()), hydra_argv):
                 register()
-                _hydra_app(str(conf_dir()))()
+                with _mode_from_flags(hydra_argv):
+                    _hydra_app(str(conf_dir()))()
     except ConfigError as err:
         print(f"ddl-run: error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -126,6 +127,21 @@ def _for_hydra(argv: list[str]):
     quiet = [f"{group}=none" for group in ("hydra/job_logging", "hydra/hydra_logging") if group not in named]
     with tempfile.TemporaryDirectory(prefix="ddl-dry-run-") as scratch:
         yield [*argv, f"hydra.run.dir='{scratch}'", f"hydra.sweep.dir='{scratch}'", *quiet]
+
+
+MODE_KEYS = frozenset({"hydra", "hydra.mode", "hydra.searchpath"})   # can set hydra.mode: the key, its node, configs
+
+
+def _mode_from_flags(argv: list[str]):
+    """Hydra's mode from -m alone (hydra_private.mode_from_flags), without composing the config to read hydra.mode
+    first, where only ddl's own configs are composed (none sets the key: tests/test_launch.py) and the command line
+    names neither the key nor another config search path."""
+    from .launch.hydra_private import args_parser, mode_from_flags
+    args = args_parser().parse_args(argv)
+    keys = {line.partition("=")[0].lstrip("~+") for line in args.overrides}
+    if args.config_dir or args.config_path or args.config_name or keys & MODE_KEYS:
+        return contextlib.nullcontext()
+    return mode_from_flags()
 
 
 def _print_help(config_dir: str, argv: list[str]) -> bool:

@@ -178,6 +178,14 @@ def test_a_failing_job_does_not_stop_its_siblings(ddl_home):
     assert failed.data.tags["ddl.error"].startswith("NonFiniteLoss: train loss is nan at step 1")
 
 
+def test_hydra_mode_named_on_the_command_line_still_makes_a_sweep_without_m(ddl_home):
+    """The mode comes from -m without composing the config first (cli._mode_from_flags), unless the command names
+    hydra.mode: then Hydra composes to read it, and a sweep runs without -m as Hydra allows."""
+    out = run_cli("ddl-run", "hydra.mode=MULTIRUN", *SMOKE, "seed=1,2", "--dry-run")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "2 override sets -> 2 distinct jobs" in out.stdout
+
+
 def test_a_list_of_values_without_m_says_to_add_it(ddl_home):
     out = run_cli("ddl-run", *SMOKE, "dv=1,4")
     assert out.returncode == 2 and out.stderr.strip() == ("ddl-run: error: dv=1,4: several values make a sweep; "
@@ -312,13 +320,13 @@ def test_a_plan_collapses_jobs_of_one_signature_without_running_anything(ddl_hom
     assert plan.finished() == {} and not (ddl_home / "runs").exists()
 
 
-def _compose(overrides):
+def _compose(overrides, return_hydra_config=False):
     from hydra import compose, initialize_config_dir
 
     from ddl.launch.configs import conf_dir, register
     register()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        return compose("config", overrides=list(overrides))
+        return compose("config", overrides=list(overrides), return_hydra_config=return_hydra_config)
 
 
 def test_every_field_of_the_config_dataclasses_is_a_key_of_its_group():
@@ -351,11 +359,13 @@ def test_hydra_itself_refuses_unknown_keys_and_wrong_types():
 
 @pytest.mark.slow
 def test_every_preset_and_named_sweep_composes_under_the_schema(ddl_home):
-    """Each conf/<group>/ option and each sweep's defaults merge into the typed schema and make a valid job."""
+    """Each conf/<group>/ option and each sweep's defaults merge into the typed schema and make a valid job, and
+    leave hydra.mode unset (ddl-run takes the mode from -m without composing to read it: cli._mode_from_flags)."""
     import pickle
 
     from omegaconf import OmegaConf
 
+    from ddl.launch.compose import task_config
     from ddl.launch.configs import conf_dir, sweeps_dir
     from ddl.launch.spec import Job
     sets = [[f"{group.name}={option.stem}"] for group in conf_dir().iterdir()
@@ -365,7 +375,9 @@ def test_every_preset_and_named_sweep_composes_under_the_schema(ddl_home):
     assert len(sets) > 20
     for overrides in sets:
         overrides += {"data=files": ["data.files=corpus/*.txt"], "train=paper": ["model=small"]}.get(overrides[0], [])
-        cfg = _compose(overrides)
+        cfg = _compose(overrides, return_hydra_config=True)
+        assert cfg.hydra.mode is None, overrides
+        cfg = task_config(cfg)
         job = Job.from_config(cfg, overrides)
         again = pickle.loads(pickle.dumps(cfg))          # a submitit job gets its config pickled
         assert OmegaConf.get_type(again) is OmegaConf.get_type(cfg)

@@ -4,6 +4,7 @@ upgrade that moves one fails here, naming the dependency, its version and the ve
 
 import ast
 import contextlib
+import inspect
 import os
 import platform
 import subprocess
@@ -191,6 +192,15 @@ def test_hydras_private_names():
             module.apply_overrides([value], cfg)
             assert cfg.seed == 7
             module.callbacks(cfg)
+            # Hydra's run reads the mode through the probe mode_from_flags replaces, which answers as it would for a
+            # config that leaves hydra.mode unset
+            from hydra._internal import utils as hydra_utils
+            assert "hydra.get_mode(" in inspect.getsource(hydra_utils._run_hydra)
+            assert hydra.get_mode("config", ["hydra.mode=MULTIRUN"]) == RunMode.MULTIRUN
+            assert hydra.get_mode("config", []) is None
+            with module.mode_from_flags():
+                assert hydra.get_mode("config", ["hydra.mode=MULTIRUN"]) is None
+            assert hydra.get_mode("config", ["hydra.mode=MULTIRUN"]) == RunMode.MULTIRUN
         finally:
             GlobalHydra.instance().clear()
         sweeper = module.basic_sweeper()(max_batch_size=None, params={"seed": "1,2"})

@@ -4,6 +4,8 @@ version. Import it only where Hydra is wanted (it imports Hydra's config loader)
 
 from __future__ import annotations
 
+import contextlib
+
 from hydra._internal.callbacks import Callbacks
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.defaults_list import Overrides
@@ -13,7 +15,8 @@ from hydra._internal.utils import create_config_search_path, get_args_parser
 CHECKED_WITH = "1.3.8"
 
 __all__ = ["basic_sweeper", "ConfigLoaderImpl", "CHECKED_WITH", "args_parser", "main_hydra", "callbacks",
-           "caching_repo", "is_config_override", "apply_overrides", "sweep_overrides", "job_exception"]
+           "caching_repo", "is_config_override", "apply_overrides", "sweep_overrides", "job_exception",
+           "mode_from_flags"]
 
 
 def args_parser():
@@ -24,6 +27,19 @@ def args_parser():
 def main_hydra(config_dir: str, task_name: str = "cli") -> Hydra:
     """The Hydra a `@hydra.main` app builds over config_dir, to compose a config or print its help page."""
     return Hydra.create_main_hydra2(task_name=task_name, config_search_path=create_config_search_path(config_dir))
+
+
+@contextlib.contextmanager
+def mode_from_flags():
+    """While it lasts, Hydra's `_run_hydra` takes the mode (run or multirun) from -m alone, as it does when the
+    config leaves `hydra.mode` unset: its probe (Hydra.get_mode) composes the whole config once only to read that key
+    before composing it again to run, a quarter of a short run's start-up. For configs that never set the key."""
+    probe = Hydra.get_mode
+    Hydra.get_mode = lambda self, config_name, overrides: None
+    try:
+        yield
+    finally:
+        Hydra.get_mode = probe
 
 
 def callbacks(cfg) -> Callbacks:
