@@ -54,8 +54,7 @@ def _sweep_without_m(argv: list[str]) -> str | None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    from .launch.hydra_private import args_parser
-    args = args_parser().parse_args(argv)
+    args = _parser().parse_args(argv)
     if args.multirun:
         return None
     try:
@@ -65,12 +64,31 @@ def _sweep_without_m(argv: list[str]) -> str | None:
     return next((o.input_line for o in overrides if o.is_sweep_override()), None)
 
 
+PLAIN_HELP = (["--help"], ["-h"])
+
+
+def _parser():
+    """Hydra's parser of the command line (its flags, then the overrides), refusing in one line, exit 2, where argparse
+    would print its usage first."""
+    from .launch.hydra_private import args_parser
+    parser = args_parser()
+
+    def refuse(message: str):
+        if message.startswith("unrecognized arguments"):
+            message += "; flags go before the overrides (key=value): `ddl-run --help` lists them"
+        parser.exit(2, f"ddl-run: error: {message}\n")
+    parser.error = refuse
+    return parser
+
+
 def run_main() -> None:
     from .launch.configs import ConfigError, conf_dir, register
 
     argv = ["dry_run=true" if a == "--dry-run" else a for a in sys.argv[1:]]
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us, to print them as one line
     try:
+        if argv not in PLAIN_HELP:              # the help page imports no Hydra
+            _parser().parse_args(argv)          # a flag Hydra's parser refuses: one line, before anything is made
         with _for_hydra(argv) as hydra_argv:
             sys.argv = [sys.argv[0], *hydra_argv]
             if not _print_help(str(conf_dir()), hydra_argv):
@@ -136,8 +154,8 @@ def _mode_from_flags(argv: list[str]):
     """Hydra's mode from -m alone (hydra_private.mode_from_flags), without composing the config to read hydra.mode
     first, where only ddl's own configs are composed (none sets the key: tests/test_launch.py) and the command line
     names neither the key nor another config search path."""
-    from .launch.hydra_private import args_parser, mode_from_flags
-    args = args_parser().parse_args(argv)
+    from .launch.hydra_private import mode_from_flags
+    args = _parser().parse_args(argv)
     keys = {line.partition("=")[0].lstrip("~+") for line in args.overrides}
     if args.config_dir or args.config_path or args.config_name or keys & MODE_KEYS:
         return contextlib.nullcontext()
@@ -151,14 +169,14 @@ def _print_help(config_dir: str, argv: list[str]) -> bool:
     groups (0.6 s of its 0.9 s)."""
     from .launch import help
     from .launch.configs import register
-    if argv in (["--help"], ["-h"]):
+    if argv in PLAIN_HELP:
         print(help.page(help.default_config()))
         return True
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from .launch.hydra_private import args_parser, main_hydra
-    args = args_parser().parse_args(argv)
+    from .launch.hydra_private import main_hydra
+    args = _parser().parse_args(argv)
     if not args.help or args.config_name or args.config_path or args.config_dir:
         return False
     register()

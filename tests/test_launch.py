@@ -186,6 +186,14 @@ def test_hydra_mode_named_on_the_command_line_still_makes_a_sweep_without_m(ddl_
     assert "2 override sets -> 2 distinct jobs" in out.stdout
 
 
+def test_a_flag_after_the_overrides_is_one_line_naming_what_it_could_not_take(ddl_home):
+    out = run_cli("ddl-run", *SMOKE, "-m", "seed=1,2")
+    assert out.returncode == 2 and out.stderr.splitlines() == [
+        "ddl-run: error: unrecognized arguments: seed=1,2; flags go before the overrides (key=value): `ddl-run --help` "
+        "lists them"], out.stderr
+    assert not ddl_home.exists()
+
+
 def test_a_list_of_values_without_m_says_to_add_it(ddl_home):
     out = run_cli("ddl-run", *SMOKE, "dv=1,4")
     assert out.returncode == 2 and out.stderr.strip() == ("ddl-run: error: dv=1,4: several values make a sweep; "
@@ -228,6 +236,7 @@ def test_an_unavailable_hub_task_keeps_the_training_results(ddl_home, tmp_path):
     ("eval.shots=3", "eval.shots=3: must be a list of integers"),
     ("hydra/launcher=nope", "hydra/launcher=nope: must be one of "),
     ("experiment=", "experiment='': must be a non-empty name"),
+    ("--bogus", "unrecognized arguments: --bogus; flags go before the overrides (key=value): `ddl-run --help`"),
 ])
 @pytest.mark.parametrize("mode", [[], ["-m"]])
 def test_invalid_overrides_get_one_line_and_no_run(ddl_home, override, message, mode):
