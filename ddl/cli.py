@@ -10,6 +10,7 @@ import os
 import re
 import sys
 
+OVERRIDE_GRAMMAR = "https://hydra.cc/docs/1.2/advanced/override_grammar/basic"
 DRY_RUN = re.compile(r"\+{0,2}dry_run=(?i:true|yes|on|1)")    # what `--dry-run` stands for, as a user may write it
 
 
@@ -18,10 +19,14 @@ def _one_line(err: BaseException, argv: list[str]) -> str:
     missing option and the group's options, the OmegaConf error behind a refused override (its key, value
     and the schema's type), a resolver's own error. Hydra refuses a sweep without -m with text only: the
     override is found by Hydra's own parser. Anything else: Hydra's message, on one line."""
-    from hydra.errors import MissingConfigException
+    from hydra.errors import MissingConfigException, OverrideParseException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
     from .launch import schema
+    from .validation import shown
+    if isinstance(err, OverrideParseException):          # Hydra's parse error spans lines and points at a column
+        return (f"{shown(err.override)}: not an override Hydra can parse: key=value, a value with spaces or brackets "
+                f"quoted (key='a b'), no control characters; the grammar: {OVERRIDE_GRAMMAR}")
     if isinstance(err, MissingConfigException) and "/" in (err.missing_cfg_file or ""):
         group, option = err.missing_cfg_file.rsplit("/", 1)
         return f"{group}={option}: " + (f"must be one of {', '.join(err.options)}" if err.options else "no such option")

@@ -194,6 +194,17 @@ def test_a_flag_after_the_overrides_is_one_line_naming_what_it_could_not_take(dd
     assert not ddl_home.exists()
 
 
+@pytest.mark.parametrize("mode", [[], ["-m"]])
+@pytest.mark.parametrize("override", ["experiment=a\nb", "seed=[1,2", "experiment=a b("])
+def test_an_override_outside_hydras_grammar_is_one_line_naming_it_and_the_grammar(ddl_home, override, mode):
+    from ddl.cli import OVERRIDE_GRAMMAR
+    out = run_cli("ddl-run", *mode, *SMOKE, override)
+    assert out.returncode == 2 and out.stderr.splitlines() == [
+        f"ddl-run: error: {override!r}: not an override Hydra can parse: key=value, a value with spaces or brackets "
+        f"quoted (key='a b'), no control characters; the grammar: {OVERRIDE_GRAMMAR}"], out.stderr
+    assert not ddl_home.exists()
+
+
 def test_a_list_of_values_without_m_says_to_add_it(ddl_home):
     out = run_cli("ddl-run", *SMOKE, "dv=1,4")
     assert out.returncode == 2 and out.stderr.strip() == ("ddl-run: error: dv=1,4: several values make a sweep; "
