@@ -37,7 +37,7 @@ def assert_one_line(out, prefix, message, code=2):
     ("ddl.n_h=nan", "ddl.n_h=nan: must be an integer"),
     ("train.compile_mode=fast", "train.compile_mode='fast': must be one of default, reduce-overhead, max-autotune"),
     ("train.compile_mode=reduce-overhead", "train.compile_mode='reduce-overhead': needs train.compile=true"),
-    ("ddl.n_h=1\n2", "LexerNoViableAltException: ddl.n_h=1 2"),        # Hydra cannot parse it: its line
+    ("ddl.n_h=1\n2", "'ddl.n_h=1\\n2': not an override Hydra can parse: key=value, a value with spaces"),
 ])
 @pytest.mark.slow
 def test_bad_values_are_one_line_before_anything_is_created(ddl_home, override, message):
