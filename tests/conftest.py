@@ -38,6 +38,11 @@ def _share_the_cpus_between(workers: int) -> None:
 
 _share_the_cpus_between(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0))
 
+# Outside the private cluster's tests the machine has no SLURM: a SLURM client (the SLURM launcher's dry run asks sinfo
+# for the largest node) reads neither the machine's slurm.conf nor the session's decoy, whose unreachable controller
+# held each such sinfo to its 15 s timeout. The cluster fixtures set their own.
+os.environ["SLURM_CONF"] = "/nonexistent/slurm.conf"
+
 
 def _warm_server() -> list[str]:
     """The suite's one warm server (ddl.launch.warm), started by the process that configures pytest first (xdist's
