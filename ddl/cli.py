@@ -92,13 +92,14 @@ def run_main() -> None:
     argv = ["dry_run=true" if a == "--dry-run" else a for a in sys.argv[1:]]
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us, to print them as one line
     try:
-        if argv not in PLAIN_HELP:              # the help page imports no Hydra
-            _parser().parse_args(argv)          # a flag Hydra's parser refuses: one line, before anything is made
+        # The user's flags and overrides, parsed once (a flag Hydra's parser refuses: one line, before anything is
+        # made); None for the plain help page, which imports no Hydra. _for_hydra adds overrides only.
+        args = None if argv in PLAIN_HELP else _parser().parse_args(argv)
         with _for_hydra(argv) as hydra_argv:
             sys.argv = [sys.argv[0], *hydra_argv]
-            if not _print_help(str(conf_dir()), hydra_argv):
+            if not _print_help(str(conf_dir()), args):
                 register()
-                with _mode_from_flags(hydra_argv):
+                with _mode_from_flags(args):
                     _hydra_app(str(conf_dir()))()
     except ConfigError as err:
         print(f"ddl-run: error: {err}", file=sys.stderr)
@@ -155,33 +156,31 @@ def _for_hydra(argv: list[str]):
 MODE_KEYS = frozenset({"hydra", "hydra.mode", "hydra.searchpath"})   # can set hydra.mode: the key, its node, configs
 
 
-def _mode_from_flags(argv: list[str]):
+def _mode_from_flags(args):
     """Hydra's mode from -m alone (hydra_private.mode_from_flags), without composing the config to read hydra.mode
     first, where only ddl's own configs are composed (none sets the key: tests/test_launch.py) and the command line
-    names neither the key nor another config search path."""
+    (args, parsed) names neither the key nor another config search path."""
     from .launch.hydra_private import mode_from_flags
-    args = _parser().parse_args(argv)
     keys = {line.partition("=")[0].lstrip("~+") for line in args.overrides}
     if args.config_dir or args.config_path or args.config_name or keys & MODE_KEYS:
         return contextlib.nullcontext()
     return mode_from_flags()
 
 
-def _print_help(config_dir: str, argv: list[str]) -> bool:
-    """`ddl-run --help` (where no other config is named): the page of ddl.launch.help. Plain `--help` needs
-    neither Hydra nor torch; with overrides (`ddl-run model=small --help`) Hydra composes the config shown.
+def _print_help(config_dir: str, args) -> bool:
+    """`ddl-run --help` (where no other config is named): the page of ddl.launch.help. Plain `--help` (args None)
+    needs neither Hydra nor torch; with overrides (`ddl-run model=small --help`) Hydra composes the config shown.
     Hydra's own --help copies its whole config repository for each of the ~80 lookups it makes to list the
     groups (0.6 s of its 0.9 s)."""
     from .launch import help
     from .launch.configs import register
-    if argv in PLAIN_HELP:
+    if args is None:
         print(help.page(help.default_config()))
         return True
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     from .launch.hydra_private import main_hydra
-    args = _parser().parse_args(argv)
     if not args.help or args.config_name or args.config_path or args.config_dir:
         return False
     register()
