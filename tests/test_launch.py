@@ -135,8 +135,8 @@ def test_the_store_follows_ddl_home_and_is_not_exported_to_children(ddl_home, mo
 
 @pytest.mark.slow
 def test_a_dry_run_launches_and_writes_nothing(ddl_home):
-    out = run_cli("ddl-run", "-m", "+sweep=paper_small", "hydra/launcher=slurm", "--dry-run",      # no cluster to ask:
-                  env_extra={"COLUMNS": "300", "SLURM_CONF": str(ddl_home.parent / "no-slurm.conf")})  # as asked
+    out = run_cli("ddl-run", "-m", "+sweep=paper_small", "hydra/launcher=slurm", "--dry-run",      # no cluster to ask
+                  env_extra={"COLUMNS": "300"})                                    # (conftest: SLURM_CONF): as asked
     assert out.returncode == 0, out.stderr[-3000:]
     [prepare] = [line for line in out.stdout.splitlines() if "prepare fineweb_edu-gpt2-" in line]   # its data first
     assert "one CPU-only SLURM job, 32 CPUs: about" in prepare and "6 jobs wait on it" in prepare
