@@ -115,16 +115,20 @@ def test_the_cpp_kernels_give_the_same_bits_whatever_the_thread_count():
 
 def test_a_build_killed_midway_does_not_hang_the_next_process():
     """torch's own build lock is a plain file: a build killed by SIGKILL (a SLURM time-out, the OOM
-    killer) leaves it, and torch alone would then wait on it forever."""
+    killer) leaves it, and torch alone would then wait on it forever. The test touches torch's lock only under the
+    build lock, as every loading process does: a process of another test loading the kernels meanwhile is left alone."""
     assert native.ops() is not None
-    stale = native.build_directory() / "lock"
-    stale.touch()
+    with native.build_lock() as build_dir:
+        stale = build_dir / "lock"
+        stale.touch()
     try:
         done = python("from ddl.model.fused import native; assert native.ops() is not None", timeout=120)
         assert done.returncode == 0, done.stderr[-2000:]
-        assert not stale.exists()
+        with native.build_lock():
+            assert not stale.exists()
     finally:
-        stale.unlink(missing_ok=True)
+        with native.build_lock():
+            stale.unlink(missing_ok=True)
 
 
 def test_without_a_compiler_the_fused_kernels_run_as_pytorch_ops(tmp_path):

@@ -59,6 +59,17 @@ def build_directory() -> Path:
     return Path(root) / "ddl_delta" / tag.replace(".", "").replace("+", "_")
 
 
+@contextlib.contextmanager
+def build_lock():
+    """The build directory's own lock (flock: released by the OS even if its holder is killed), held by whoever builds
+    or loads there: torch's own lock file in it is made and removed only under it. Yields the directory."""
+    build_dir = build_directory()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / "ddl.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield build_dir
+
+
 @functools.cache
 def ops():
     """torch.ops.ddl_delta, built or loaded; None if it cannot be built (after one warning)."""
@@ -67,9 +78,7 @@ def ops():
     build_dir = build_directory()
     vector_flags = VECTOR_FLAGS.get(torch.backends.cpu.get_cpu_capability(), [])
     try:
-        build_dir.mkdir(parents=True, exist_ok=True)
-        with open(build_dir / "ddl.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)           # released by the OS even if the holder is killed
+        with build_lock():
             (build_dir / "lock").unlink(missing_ok=True)  # torch's own lock file, left by a killed build
             cpp_extension.load(name="ddl_delta", sources=[str(SOURCE)], build_directory=str(build_dir),
                                extra_cflags=["-O3", "-fopenmp", *vector_flags],
