@@ -16,8 +16,9 @@ Parts (--parts, comma-separated; default `train,step,resume`):
   loss is NaN, and the curves agree within bf16 noise.
 - tests (opt-in): the device-aware tests on CUDA (tests/test_triton_kernels.py, tests/test_model_bf16_compile.py).
 - profile (opt-in): the CUDA kernels of three compiled steps of each arm, by time (profile-<arm>.txt).
-- kernels (opt-in): each Delta op's Triton kernel alone (d_v=4, bf16 state): microseconds at 2-16 warps and as
-  chosen, bytes, the rate; and a sublayer's norm and gates, the fused op against the plain ops compiled.
+- kernels (opt-in): each Delta op's Triton kernel alone (d_v=4, bf16 state): microseconds at 2-16 warps (a tiled
+  op's also at 64 and 128 features a tile) and as chosen, bytes, the rate; and a sublayer's norm and gates, the
+  fused op against the plain ops compiled.
 
 summary.json is rewritten after every part (and every arm), so a check cut short still leaves its figures.
 Without a CUDA GPU it says so in one line and exits 0; `--device cpu` runs the parts on the CPU at
@@ -57,7 +58,8 @@ MFU_TARGET, WALL_TARGET_S = 0.40, 480
 BATCH, SEQ = 16, 1024                                 # 16 x 1024 tokens a step, as the bench
 WARMUP, TIMED, ROUND = 5, 20, 5                       # steps per arm: warm-up, timed, timed per round
 RESUME_STEPS, RESUME_CKPT, RESUME_KILL_AFTER = 200, 100, 120
-KERNEL_WARPS = (2, 4, 8, 16)                          # the kernels part times each op at each
+KERNEL_WARPS = (2, 4, 8, 16)                          # the kernels part times each op at each,
+KERNEL_TILE_FEATURES = (64, 128)                      # a tiled op at each warps and each of these features a tile
 # |loss difference| at a logged step: bf16 noise. Two identical d_v=4 runs on one H100 (2026-11-26) drifted up to 0.045
 # nats apart by step 60 (reductions whose order varies: the embedding's backward, attention's): a broken resume (the
 # schedule or the data restarted) is off by nats.
@@ -317,22 +319,35 @@ def kernels_part(device, size: str, compile_backend: str) -> dict:
     big = torch.empty(2 ** 28 if on_gpu else 2 ** 20, device=device, dtype=torch.bfloat16)   # 512 MiB on a GPU
     copy_rate = 2 * big.numel() * 2 / timed(torch.Tensor.clone, big) * 1e6
     rows = {}
-    chosen = (triton_loops.ROW_WARPS, triton_loops.NORM_WARPS, triton_loops.TILE_WARPS)
+    chosen = (triton_loops.ROW_WARPS, triton_loops.NORM_WARPS, triton_loops.TILE_WARPS, triton_loops.TILE_FEATURES)
     for name, args in calls.items():
-        op = getattr(torch.ops.ddl_triton, name.split()[0].replace("key_backward", "update_backward"))
+        op_name = name.split()[0].replace("key_backward", "update_backward")
+        op = getattr(torch.ops.ddl_triton, op_name)
         moved = _nbytes(args) + _nbytes(op(*args))
-        by_warps = {}
-        for warps in KERNEL_WARPS if on_gpu else ():   # each op at each warps (none interpreted), then as chosen
+        by_launch = {}
+        for warps, features in launch_settings(op_name in triton_loops.TILED_OPS, on_gpu):   # then as chosen
             triton_loops.ROW_WARPS = triton_loops.NORM_WARPS = triton_loops.TILE_WARPS = warps
-            by_warps[warps] = timed(op, *args)
-        triton_loops.ROW_WARPS, triton_loops.NORM_WARPS, triton_loops.TILE_WARPS = chosen
+            triton_loops.TILE_FEATURES = features or chosen[-1]
+            by_launch[f"{warps}" if features is None else f"{warps}x{features}"] = timed(op, *args)
+        triton_loops.ROW_WARPS, triton_loops.NORM_WARPS, triton_loops.TILE_WARPS, triton_loops.TILE_FEATURES = chosen
         us = timed(op, *args)
-        by_warps["chosen"] = us
+        by_launch["chosen"] = us
         rows[name] = {"us": us, "bytes": moved, "GB_per_s": moved / us / 1e3, "of_copy": moved / us * 1e6 / copy_rate,
-                      "us_by_warps": by_warps}
+                      "us_by_launch": by_launch}
     return {"shape": shape, "copy_GB_per_s": copy_rate / 1e9, "ops": rows,
             "norm_step_us": norm_step(device, *norm_inputs, timed, compile_backend),
             "compile_backend": compile_backend}
+
+
+def launch_settings(tiled: bool, on_gpu: bool) -> list[tuple[int, int | None]]:
+    """(warps, features a tile, None where the op has no tiled kernel) the kernels part times an op at: on a GPU each
+    of KERNEL_WARPS, a tiled op's at each of KERNEL_TILE_FEATURES too; under the interpreter, which ignores warps, a
+    tiled op's features at the chosen warps (the harness runs every tile size), an other op's none."""
+    from .model.fused import triton_loops
+    features = KERNEL_TILE_FEATURES if tiled else (None,)
+    if not on_gpu:
+        return [(triton_loops.TILE_WARPS, f) for f in features if f is not None]
+    return [(warps, f) for warps in KERNEL_WARPS for f in features]
 
 
 def _kernel_calls(device, size: str) -> tuple[dict, dict, tuple]:
@@ -447,8 +462,8 @@ def markdown(summary: dict) -> str:
                   "|---|---|---|---|---|"]
         lines += [f"| {name} | {row['us']:.1f} | {row['bytes'] / 1e6:.0f} | {row['GB_per_s']:.0f} "
                   f"| {row['of_copy']:.0%} |" for name, row in kernels["ops"].items()]
-        lines += ["", "Microseconds by warps: " + "; ".join(
-            f"{name} " + ", ".join(f"{w}: {us:.0f}" for w, us in row["us_by_warps"].items())
+        lines += ["", "Microseconds by warps (a tiled op's: warps x features a tile): " + "; ".join(
+            f"{name} " + ", ".join(f"{launch}: {us:.0f}" for launch, us in row["us_by_launch"].items())
             for name, row in kernels["ops"].items()),
             "", f"A sublayer's norm and gates, forward and backward: {kernels['norm_step_us']['fused']:.0f} us fused, "
                 f"{kernels['norm_step_us']['plain_compiled']:.0f} us as plain ops compiled by "

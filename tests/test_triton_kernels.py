@@ -265,6 +265,21 @@ def test_sums_over_tokens_follow_the_token_order_bit_for_bit(monkeypatch):
             assert_near(a, b, str(backward))
 
 
+def test_a_tiled_op_gives_the_same_numbers_at_any_features_a_tile(monkeypatch):
+    """Each op with a tiled kernel at 32 features a tile (three feature blocks at d = 80, the last short) and at the
+    default's: the same outputs up to the order of the blocks' partial sums (make gpu-check's kernels part times the
+    ops at other tile sizes)."""
+    calls = triton_compile.op_calls(D, 4, 3, device=DEVICE, tokens=T)
+    assert triton_loops.TILE_FEATURES >= D
+    default = {name: getattr(ops, name)(*calls[name]) for name in triton_loops.TILED_OPS}
+    monkeypatch.setattr(triton_loops, "TILE_FEATURES", 32)
+    for name in triton_loops.TILED_OPS:
+        got = getattr(ops, name)(*calls[name])
+        for n, (a, b) in enumerate(zip(*(o if isinstance(o, tuple) else (o,) for o in (got, default[name])),
+                                       strict=True)):
+            assert_near(a, b.double(), f"{name} output {n}")
+
+
 def test_the_ops_declare_their_outputs_for_torch_compile():
     """Each op's schema, and on CUDA its fake (its own body, run on fake tensors), match what it returns.
     (Under the interpreter torch's wrap_triton launches a kernel even on fake tensors.)"""

@@ -610,6 +610,7 @@ def _by_chunk(kernel, tensors: tuple, taps: torch.Tensor, B: int, T: int, dv: in
 
 TOKENS_PER_TILE = 32        # tokens a tiled program covers: the token sums' partials, in tile order
 TILE_FEATURES = 128         # features a tiled program covers where they set the size of a partial
+TILED_OPS = ("write_backward", "rank_one_forward", "rank_one_backward")   # the ops that launch a kernel by _by_tile
 
 
 def _by_tile(kernel, tensors: tuple, N: int, d: int, **blocks) -> None:
