@@ -270,8 +270,9 @@ def slurm_down(cluster: SlurmCluster) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """The suite's private SLURM cluster (scripts/slurm-local in a pytest tmp dir), up once per
-    session; SLURM_CONF points every client (sbatch, squeue, ddl-run, submitit) at it and a
-    surrounding SLURM's variables are cleared. Torn down by the PIDs it started, also on Ctrl-C or
+    session; in each test that uses it (`_slurm_environment`), SLURM_CONF points every client (sbatch,
+    squeue, ddl-run, submitit) at it and a surrounding SLURM's variables are cleared, while the other
+    tests of its worker keep the missing SLURM_CONF. Torn down by the PIDs it started, also on Ctrl-C or
     SIGTERM (turned into KeyboardInterrupt, on which pytest runs this finaliser), at interpreter
     exit (atexit) and, if pytest is killed outright, by the watchdog `up --until-exit` leaves."""
     if shutil.which("bash") is None:
@@ -288,15 +289,24 @@ def slurm_cluster(tmp_path_factory):
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        with pytest.MonkeyPatch.context() as mp:
-            for var in [v for v in os.environ if v.startswith(SLURM_ENV_PREFIXES)]:
-                mp.delenv(var)
-            mp.setenv("SLURM_CONF", str(cluster.conf))
-            yield cluster
+        yield cluster
     finally:
         signal.signal(signal.SIGTERM, previous)
         atexit.unregister(teardown)
         teardown()
+
+
+@pytest.fixture(autouse=True)
+def _slurm_environment(request, monkeypatch):
+    """A test that uses the private cluster talks to it: SLURM_CONF is its conf and a surrounding SLURM's variables
+    are cleared, for that test alone. Set for the session, it reached the worker's later tests too: a SLURM dry run
+    there asked the cluster's 2-CPU node for its size."""
+    if "slurm_cluster" not in request.fixturenames:
+        return
+    cluster = request.getfixturevalue("slurm_cluster")
+    for var in [v for v in os.environ if v.startswith(SLURM_ENV_PREFIXES)]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
 
 
 @dataclass
