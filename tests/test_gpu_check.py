@@ -131,12 +131,13 @@ def test_its_kernels_part_times_every_delta_op(tmp_path):
     assert len(ops) == 9 and all(row["us"] > 0 and row["bytes"] > 0 for row in ops.values()), ops
     triton_loops = pytest.importorskip("ddl.model.fused.triton_loops", reason="triton is not installed")
     tiles = {f"{warps}x{features}" for warps, features in gpu_check.launch_settings(True, on_gpu=False)}
-    assert tiles == {"4x64", "4x128"}                       # the interpreter: every tile size at the chosen warps
+    # the interpreter: every tile size at the chosen warps
+    assert tiles == {f"{triton_loops.TILE_WARPS}x{f}" for f in gpu_check.KERNEL_TILE_FEATURES}
     assert {name: set(row["us_by_launch"]) for name, row in ops.items()} == {
         name: {"chosen"} | (tiles if name in triton_loops.TILED_OPS else set()) for name in ops}
     summary = (out / "summary.md").read_text()
     assert "| write_backward |" in summary and "us as plain ops compiled by aot_eager." in summary
-    assert "; rank_one_forward 4x64: " in summary
+    assert f"; rank_one_forward {triton_loops.TILE_WARPS}x64: " in summary
 
 
 def test_on_a_gpu_the_kernels_part_times_each_op_at_each_warps_and_a_tiled_op_at_each_tile_size():
