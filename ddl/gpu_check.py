@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 from . import paths
-from .validation import OneLineParser, unknown_names
+from .validation import OneLineParser, printable_path, unknown_names
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 DEVICE_TESTS = ["tests/test_triton_kernels.py", "tests/test_model_bf16_compile.py"]
@@ -512,11 +512,14 @@ def _figure(value: float | None, form: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .model import SIZES
     parser = OneLineParser(prog="python -m ddl.gpu_check", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default=",".join(DEFAULT_PARTS), help=f"of {', '.join(PARTS)}")
-    parser.add_argument("--out", type=Path, default=None, help="where the reports go (default reports/gpu-check)")
-    parser.add_argument("--size", default=None, help="model size (default: small on CUDA, micro on CPU)")
+    parser.add_argument("--out", type=printable_path, default=None,
+                        help="where the reports go (default reports/gpu-check)")
+    parser.add_argument("--size", choices=tuple(SIZES), default=None,
+                        help="model size (default: small on CUDA, micro on CPU)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--arms", default=",".join(ARMS),
                         help="the step and profile parts' arms, the baseline first (ddl.bench's arms)")

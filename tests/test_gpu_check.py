@@ -28,14 +28,16 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_0(tmp_path):
     ("--arms", "baseline,ddl_dv9", "--arms: 'ddl_dv9' unknown; allowed: baseline, ddl_dv1, "),
     ("--arms", "baseline,,ddl_dv1", "--arms: '' unknown; allowed: baseline, ddl_dv1, "),
     ("--arms", "baseline,ddl_dv1\nrm", "--arms: 'ddl_dv1\\nrm' unknown; allowed: "),
-    ("--arms", "ddl_dv1,baseline", "--arms: 'ddl_dv1,baseline' starts with 'ddl_dv1'; allowed: baseline first")])
-def test_an_unknown_part_or_arm_is_refused_in_one_line(tmp_path, argument, value, message):
-    done = subprocess.run([*python_module("ddl.gpu_check"), argument, value, "--device", "cpu",
-                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    ("--arms", "ddl_dv1,baseline", "--arms: 'ddl_dv1,baseline' starts with 'ddl_dv1'; allowed: baseline first"),
+    ("--size", "nan", "argument --size: invalid choice: 'nan' (choose from 'micro', 'tiny', "),
+    ("--out", "a\nb", "argument --out: 'a\\nb': must be a non-empty path of printable characters")])
+def test_an_unknown_part_arm_size_or_a_control_character_is_refused_in_one_line(tmp_path, argument, value, message):
+    done = subprocess.run([*python_module("ddl.gpu_check"), "--device", "cpu", "--out", str(tmp_path / "out"),
+                           argument, value], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 2
     [error] = done.stderr.strip().splitlines()                                        # the error line alone
     assert message in error
-    assert not (tmp_path / "out").exists()
+    assert not any(tmp_path.iterdir())
 
 
 CURVE = [(step, 5.0 - step / 100) for step in range(10, 201, 10)]
