@@ -22,6 +22,14 @@ class Plan:
     jobs: list[Job]                                                     # distinct, in sweep order
     duplicates: dict[str, list[list[str]]] = field(default_factory=dict)  # signature -> the overrides it absorbed
     n_override_sets: int = 0
+    _store: object = field(default=None, init=False, repr=False)     # store_lookup's, once asked
+
+    def store_lookup(self):
+        """The store's runs of the plan's signatures, read once for all the plan's questions (store.Lookup)."""
+        from ..track import store
+        if self._store is None:
+            self._store = store.Lookup(j.signature for j in self.jobs)
+        return self._store
 
     def headline(self) -> str:
         line = f"{plural(self.n_override_sets, 'override set')} -> {plural(len(self.jobs), 'distinct job')}"
@@ -38,14 +46,16 @@ class Plan:
         evaluation asked for) in their experiment, by any home; a run the store lost comes back from its
         folder's journal (`rebuild`)."""
         found = {j.signature: status.finished_in(paths.runs_dir() / j.signature, j.signature, j.experiment,
-                                                 j.evaluation.evaluations(), rebuild) for j in self.jobs}
+                                                 j.evaluation.evaluations(), rebuild, self.store_lookup())
+                 for j in self.jobs}
         return {signature: stored for signature, stored in found.items() if stored}
 
     def reusable(self, finished: dict) -> dict:
         """signature -> the FINISHED run (store.Stored) of another experiment, for the jobs not `finished` here
         that finished there with every evaluation asked for: their runs are copied, nothing is launched."""
         from ..track import store
-        found = {j.signature: store.finished_elsewhere(j.signature, j.experiment, j.evaluation.evaluations())
+        found = {j.signature: store.finished_elsewhere(j.signature, j.experiment, j.evaluation.evaluations(),
+                                                       self.store_lookup())
                  for j in self.jobs if j.signature not in finished}
         return {signature: stored for signature, stored in found.items() if stored}
 
@@ -53,10 +63,11 @@ class Plan:
         """signature -> who trains it now, for the jobs another process of this home (its lock) or another
         home (a RUNNING run with a fresh heartbeat in the store) is training."""
         from ..track import store
-        found = {}
+        found, lookup = {}, self.store_lookup()
         for job in self.jobs:
             if job.signature not in exclude:
-                who = status.holder(paths.runs_dir() / job.signature) or store.running_elsewhere(job.signature)
+                who = status.holder(paths.runs_dir() / job.signature) or store.running_elsewhere(job.signature,
+                                                                                                 lookup=lookup)
                 if who:
                     found[job.signature] = who
         return found

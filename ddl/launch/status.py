@@ -89,13 +89,14 @@ def read(run_dir: Path) -> dict:
         return {}
 
 
-def finished_in(run_dir: Path, signature: str, experiment: str, evaluations=(), rebuild: bool = True):
+def finished_in(run_dir: Path, signature: str, experiment: str, evaluations=(), rebuild: bool = True,
+                lookup=None):
     """The signature's FINISHED run in this experiment with these evaluations ('task@shots'), as the store
-    holds it (store.Stored), whichever home trained it; else None (the job runs, and adds what is missing).
-    A store that lost the run (emptied, replaced) gets it back from the run folder's journal (`rebuild`;
-    a dry run only looks)."""
+    holds it (store.Stored, asked through `lookup`, a store.Lookup, where given), whichever home trained it; else
+    None (the job runs, and adds what is missing). A store that lost the run (emptied, replaced) gets it back from
+    the run folder's journal (`rebuild`; a dry run only looks)."""
     from ..track import runs, store
-    found = store.finished(signature, experiment, evaluations)
+    found = store.finished(signature, experiment, evaluations, lookup)
     if found is None and runs.journal_holds_finished(run_dir, experiment, evaluations):
         if not rebuild:
             return store.Stored("(in its run folder's journal)", experiment, {}, None)

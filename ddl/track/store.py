@@ -50,6 +50,9 @@ class StoreError(ValueError):
 _opened: set[str] = set()   # URIs this process has checked (and, for the project store, created)
 SQLITE_HEADER = b"SQLite format 3\x00"
 SERVER_TIMEOUT_S = 10
+# Lookup: a plan's runs of one status are read in one search when the store holds at most this many a signature.
+BULK_RUNS_PER_SIGNATURE = 3
+SEARCH_MAX_RESULTS = 50_000      # MLflow's most runs one search returns
 
 
 def check(patience_s: float = 0) -> None:
@@ -196,11 +199,16 @@ def is_signature(name: str) -> bool:
     return re.fullmatch(r"[0-9a-z-]{1,64}", name) is not None
 
 
+def _checked_signature(signature: str) -> str:
+    if not is_signature(signature):
+        raise ValueError(f"signature={signature!r}: not a run signature (lowercase letters, digits, -)")
+    return signature
+
+
 def runs_with_signature(signature: str, experiment: str | None = None, status: str | None = None) -> list:
     """The active runs of this signature, newest first: in one experiment, or in all of them; `status`
     (FINISHED, RUNNING) narrows them."""
-    if not is_signature(signature):
-        raise ValueError(f"signature={signature!r}: not a run signature (lowercase letters, digits, -)")
+    _checked_signature(signature)
     if not exists():               # a project store not created yet holds nothing, and a look creates none
         return []
     c = client()
@@ -209,8 +217,12 @@ def runs_with_signature(signature: str, experiment: str | None = None, status: s
     else:
         found = c.get_experiment_by_name(experiment)
         ids = [found.experiment_id] if found is not None else []
+    return _signature_runs(c, ids, signature, status)
+
+
+def _signature_runs(c, experiment_ids: list[str], signature: str, status: str | None = None) -> list:
     query = f"tags.`{SIGNATURE_TAG}` = '{signature}'" + (f" and attributes.status = '{status}'" if status else "")
-    return c.search_runs(ids, query, order_by=["attributes.start_time DESC"]) if ids else []
+    return c.search_runs(experiment_ids, query, order_by=["attributes.start_time DESC"]) if experiment_ids else []
 
 
 def home_tags() -> dict[str, str]:
@@ -256,24 +268,69 @@ def _stored(run, experiment: str) -> Stored:
     return Stored(run.info.run_id, experiment, final, tags.get(REUSED_FROM_TAG), other)
 
 
-def finished(signature: str, experiment: str, evaluations=()) -> Stored | None:
+class Lookup:
+    """What the store holds of many signatures (a plan's), each status's runs read once for all its questions.
+    MLflow's filter has no IN for tags, so a signature is one search; a plan of hundreds of jobs asks first for the
+    store's runs of a status in one search, capped at BULK_RUNS_PER_SIGNATURE runs a signature (about what its own
+    searches would cost), and searches signature by signature only where the store holds more. A snapshot: a
+    question after a write (a run rebuilt from its journal) needs a new one."""
+
+    def __init__(self, signatures):
+        self.signatures = frozenset(map(_checked_signature, signatures))
+        self._experiments: dict[str, str] | None = None
+        self._runs: dict[tuple[str, str], list] = {}       # (status, signature) -> its runs, newest first
+        self._read_whole: dict[str, bool] = {}             # status -> whether its runs were all read at once
+
+    def experiment_names(self) -> dict[str, str]:
+        """id -> name of the store's active experiments."""
+        if self._experiments is None:
+            self._experiments = {e.experiment_id: e.name for e in client().search_experiments()} if exists() else {}
+        return self._experiments
+
+    def runs(self, signature: str, status: str) -> list:
+        """The signature's active runs of this status (FINISHED, RUNNING) in every active experiment, newest first."""
+        if status not in self._read_whole:
+            self._read_whole[status] = len(self.signatures) > 1 and self._read_all(status)
+        if (status, signature) not in self._runs:
+            self._runs[status, signature] = [] if self._read_whole[status] else self._search(signature, status)
+        return self._runs[status, signature]
+
+    def _search(self, signature: str, status: str) -> list:
+        return _signature_runs(client(), list(self.experiment_names()), signature, status)
+
+    def _read_all(self, status: str) -> bool:
+        """The store's runs of this status, by signature, in one search; False where there are more than the cap."""
+        ids = list(self.experiment_names())
+        cap = min(BULK_RUNS_PER_SIGNATURE * len(self.signatures), SEARCH_MAX_RESULTS - 1)
+        found = client().search_runs(ids, f"attributes.status = '{status}'", max_results=cap + 1,
+                                     order_by=["attributes.start_time DESC"]) if ids else []
+        if len(found) > cap:
+            return False
+        for run in found:
+            signature = run.data.tags.get(SIGNATURE_TAG)
+            if signature in self.signatures:
+                self._runs.setdefault((status, signature), []).append(run)
+        return True
+
+
+def finished(signature: str, experiment: str, evaluations=(), lookup: Lookup | None = None) -> Stored | None:
     """The signature's newest FINISHED run in this experiment holding these evaluations ('task@shots'),
     whichever home wrote it; None when there is none (the job runs, and adds what is missing)."""
-    for run in runs_with_signature(signature, experiment, "FINISHED"):
-        if set(evaluations) <= evaluations_of(run):
+    lookup = lookup or Lookup([signature])
+    names = lookup.experiment_names()
+    for run in lookup.runs(signature, "FINISHED"):
+        if names[run.info.experiment_id] == experiment and set(evaluations) <= evaluations_of(run):
             return _stored(run, experiment)
     return None
 
 
-def finished_elsewhere(signature: str, experiment: str, evaluations=()) -> Stored | None:
+def finished_elsewhere(signature: str, experiment: str, evaluations=(), lookup: Lookup | None = None) -> Stored | None:
     """A FINISHED run of the signature in another experiment with these evaluations, which can be copied
     here without training or evaluating; a run that trained is preferred to one that reused another."""
-    if not exists():
-        return None
-    c = client()
-    names = {e.experiment_id: e.name for e in c.search_experiments()}
-    found = [run for run in runs_with_signature(signature, status="FINISHED")
-             if names.get(run.info.experiment_id) != experiment and set(evaluations) <= evaluations_of(run)]
+    lookup = lookup or Lookup([signature])
+    names = lookup.experiment_names()
+    found = [run for run in lookup.runs(signature, "FINISHED")
+             if names[run.info.experiment_id] != experiment and set(evaluations) <= evaluations_of(run)]
     found.sort(key=lambda run: REUSED_FROM_TAG in run.data.tags)
     return _stored(found[0], names[found[0].info.experiment_id]) if found else None
 
@@ -287,12 +344,12 @@ def settle_claim() -> None:
         time.sleep(CLAIM_SETTLE_S)
 
 
-def running_elsewhere(signature: str, besides=None) -> str | None:
+def running_elsewhere(signature: str, besides=None, lookup: Lookup | None = None) -> str | None:
     """`host, home` of another home training this signature now (RUNNING, heartbeat fresh), or None.
     With `besides` (this job's own new run), only a rival that started first counts: of two homes that
     start one signature together, the later one leaves it."""
     now = time.time()
-    for run in runs_with_signature(signature, status="RUNNING"):
+    for run in (lookup or Lookup([signature])).runs(signature, "RUNNING"):
         tags = run.data.tags
         if is_own(run) or now - float(tags.get(HEARTBEAT_TAG) or 0) > STALE_AFTER_S:
             continue

@@ -187,5 +187,9 @@ class RunConfig:
         return effective
 
     def signature(self) -> str:
-        """A short hash of the effective config: names the run's directory, dedups and resumes sweeps."""
-        return hashlib.sha256(json.dumps(self.effective_dict(), sort_keys=True).encode()).hexdigest()[:12]
+        """A short hash of the effective config: names the run's directory, dedups and resumes sweeps. Hashed once
+        (the config is frozen): a plan asks for each job's a dozen times."""
+        if "_signature" not in self.__dict__:
+            effective = json.dumps(self.effective_dict(), sort_keys=True)
+            object.__setattr__(self, "_signature", hashlib.sha256(effective.encode()).hexdigest()[:12])
+        return self.__dict__["_signature"]
