@@ -86,10 +86,12 @@ def test_a_plans_lookup_answers_as_each_signatures_own_searches(stocked, monkeyp
     assert searched._read_whole == {"FINISHED": False, "RUNNING": False}
 
 
-def test_a_lookup_of_a_store_not_created_finds_nothing_and_creates_none(ddl_home):
-    lookup = store.Lookup(SIGNATURES)
-    assert store.finished("s1", "a", lookup=lookup) is None and store.running_elsewhere("s1", lookup=lookup) is None
-    assert not store.exists()
+@pytest.mark.parametrize("signatures", [["s1"], SIGNATURES], ids=["one signature", "a plan's"])
+def test_a_lookup_of_a_store_not_created_finds_nothing_and_creates_none(ddl_home, signatures):
+    lookup = store.Lookup(signatures)
+    assert store.finished("s1", "a", lookup=lookup) is None is store.finished_elsewhere("s1", "a", lookup=lookup)
+    assert store.running_elsewhere("s1", lookup=lookup) is None
+    assert not store.exists() and not ddl_home.exists()
 
 
 def test_a_lookup_refuses_what_is_not_a_signature(ddl_home):

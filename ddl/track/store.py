@@ -218,12 +218,15 @@ def runs_with_signature(signature: str, experiment: str | None = None, status: s
     else:
         found = c.get_experiment_by_name(experiment)
         ids = [found.experiment_id] if found is not None else []
-    return _signature_runs(c, ids, signature, status)
+    return _signature_runs(ids, signature, status)
 
 
-def _signature_runs(c, experiment_ids: list[str], signature: str, status: str | None = None) -> list:
+def _signature_runs(experiment_ids: list[str], signature: str, status: str | None = None) -> list:
+    """The signature's runs in these experiments, newest first (none: no search, and no store created)."""
+    if not experiment_ids:
+        return []
     query = f"tags.`{SIGNATURE_TAG}` = '{signature}'" + (f" and attributes.status = '{status}'" if status else "")
-    return c.search_runs(experiment_ids, query, order_by=["attributes.start_time DESC"]) if experiment_ids else []
+    return client().search_runs(experiment_ids, query, order_by=["attributes.start_time DESC"])
 
 
 def home_tags() -> dict[str, str]:
@@ -297,7 +300,7 @@ class Lookup:
         return self._runs[status, signature]
 
     def _search(self, signature: str, status: str) -> list:
-        return _signature_runs(client(), list(self.experiment_names()), signature, status)
+        return _signature_runs(list(self.experiment_names()), signature, status)
 
     def _read_all(self, status: str) -> bool:
         """The store's runs of this status, by signature, in one search; False where there are more than the cap."""
