@@ -39,9 +39,10 @@ def test_a_single_run_off_a_terminal_prints_progress_lines(trained):
 def test_a_sweep_off_a_terminal_prints_a_line_per_running_job(trained):
     _, sweep = trained
     lines = PROGRESS.findall(sweep)
-    assert len(lines) >= 3 and {name for name, *_ in lines} == {"ddl_dv1-micro-s1"}, sweep   # seed 0 is done
+    assert {name for name, *_ in lines} == {"ddl_dv1-micro-s1"}, sweep           # seed 0 is done
     steps = [int(step) for _, _, step, _ in lines]
-    assert steps == sorted(steps) and len(set(steps)) >= 2, sweep                 # lines while it trains
+    # lines while it trains: the launcher polls each second, and seed 1's 300 steps take 2-10 s on 2 cores
+    assert steps == sorted(steps) and len(set(steps)) >= 2, sweep
     assert re.search(r"^\d\d:\d\d:\d\d ddl_dv1-micro-s1 \[[0-9a-f]{12}\]: finished$", sweep, re.M), sweep
     assert "1 finished, 1 skipped, 0 failed or stopped" in sweep
 
