@@ -123,9 +123,10 @@ def _run_claimed(cfg: DictConfig, job: Job, run_dir, launcher: str, job_key: str
     evaluations = job.evaluation.evaluations()
     try:   # a sweep's job waits a while for a server its launcher reached (restarted meanwhile)
         store.check(patience_s=0 if launcher == "none" else patience_s())
-        done = status.finished_in(run_dir, job.signature, job.experiment, evaluations)
-        elsewhere = None if done else store.finished_elsewhere(job.signature, job.experiment, evaluations)
-        rival = None if done or elsewhere else store.running_elsewhere(job.signature) or _trial_taken(job)
+        look = store.Lookup([job.signature])          # the signature's runs, each status searched once
+        done = status.finished_in(run_dir, job.signature, job.experiment, evaluations, lookup=look)
+        elsewhere = None if done else store.finished_elsewhere(job.signature, job.experiment, evaluations, look)
+        rival = None if done or elsewhere else store.running_elsewhere(job.signature, lookup=look) or _trial_taken(job)
         if not (done or elsewhere or rival) and checkpoint.latest(run_dir) is None:
             checkpoints.fetch(job.signature, lambda step: checkpoint.path_for(run_dir, step))
     except ValueError as err:   # the store cannot be used, a damaged journal or download
