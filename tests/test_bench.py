@@ -69,9 +69,11 @@ def test_the_orchestrator_alone_times_start_up_the_plan_of_1000_jobs_and_a_sweep
     for warm in ("true", "false"):           # a sweep's jobs forked from a warm server, and cold: wall and CPU
         wall, cpu = orchestrator[f"sweep_warm_{warm}_s"]
         assert wall > 0 and cpu > 0
+    assert len(orchestrator["plan_1000_stored_runs_s"]) == 1 and orchestrator["plan_1000_stored_runs_s"][0] > 0
     markdown = (out / "orchestrator.md").read_text()
     assert markdown in done.stdout and "| plan of 1,000 jobs" in markdown and not (out / "bench.json").exists()
     assert "| local sweep of 2 micro jobs" in markdown                     # --quick: 2 jobs
+    assert "| plan of 1,000 jobs in that sweep's home (its store: 2 finished runs) |" in markdown
 
 
 @pytest.mark.parametrize("mode", ["--dispatch", "--orchestrator", "--model"])
