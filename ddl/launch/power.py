@@ -107,7 +107,7 @@ def _stored(job: Job):
     runs = query.finished_like(setting(job))
     if runs.empty or "metrics.final/val/loss" not in runs:
         return runs.iloc[:0]
-    names = {e.experiment_id: e.name for e in store.client().search_experiments()}
+    names = store.experiment_names()
     return runs[runs["metrics.final/val/loss"].notna()].assign(experiment_name=runs["experiment_id"].map(names))
 
 

@@ -89,7 +89,7 @@ def runs_of(experiment: str, search: str, curves: bool = False, keys=None) -> li
     found = c.get_experiment_by_name(experiment)
     if found is None:
         return []
-    names = {e.experiment_id: e.name for e in c.search_experiments()}
+    names = store.experiment_names()
     runs = c.search_runs(list(names), f"tags.`{SEARCH_TAG}` = '{search}' and tags.`ddl.sweep` = '{experiment}'",
                          order_by=["attributes.start_time ASC"])
     now, trials = time.time(), []

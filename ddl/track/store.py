@@ -195,6 +195,11 @@ def experiment_id(name: str) -> str:
         return c.get_experiment_by_name(name).experiment_id
 
 
+def experiment_names() -> dict[str, str]:
+    """id -> name of the store's active experiments (none, and no store created, where there is no store)."""
+    return {e.experiment_id: e.name for e in client().search_experiments()} if exists() else {}
+
+
 def is_signature(name: str) -> bool:
     """A job's signature (a hash, `ref-<hash>` for an imported checkpoint), safe inside a search filter."""
     return re.fullmatch(r"[0-9a-z-]{1,64}", name) is not None
@@ -286,9 +291,9 @@ class Lookup:
         self._read_whole: dict[str, bool] = {}             # status -> whether its runs were all read at once
 
     def experiment_names(self) -> dict[str, str]:
-        """id -> name of the store's active experiments."""
+        """store.experiment_names, read once."""
         if self._experiments is None:
-            self._experiments = {e.experiment_id: e.name for e in client().search_experiments()} if exists() else {}
+            self._experiments = experiment_names()
         return self._experiments
 
     def runs(self, signature: str, status: str) -> list:
