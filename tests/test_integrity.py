@@ -109,13 +109,18 @@ def test_a_lost_tracking_store_gets_the_run_back_from_its_folder_in_full(home, t
 
 
 @pytest.mark.slow
-def test_a_garbled_tracking_store_is_refused_not_replaced(home):
+@pytest.mark.parametrize("flags", [[], ["-m"], ["-m", "--dry-run"]], ids=["a run", "a sweep", "a sweep's dry run"])
+def test_a_garbled_tracking_store_is_refused_not_replaced(home, flags):
+    """A run, and a sweep whose plan asks the store what is done: one line, the store as it was, no sweep folder."""
+    sweeps = sorted(p.name for p in (home / "sweeps").iterdir()) if (home / "sweeps").exists() else []
     (home / "mlflow.db").write_bytes(b"not a database at all" * 100)
-    out = run_cli("ddl-run", *SMOKE)
-    assert out.returncode == 2
+    pair = ["residual=ddl,baseline"] if flags else []            # a sweep's pair: its power analysis reads the store
+    out = run_cli("ddl-run", *flags, *SMOKE, *pair)
+    assert out.returncode == 2, out.stderr[-3000:]
     [line] = out.stderr.strip().splitlines()
     assert line.startswith("ddl-run: error: tracking store ") and "not an SQLite database" in line
     assert (home / "mlflow.db").read_bytes() == b"not a database at all" * 100
+    assert (sorted(p.name for p in (home / "sweeps").iterdir()) if (home / "sweeps").exists() else []) == sweeps
 
 
 @pytest.mark.slow

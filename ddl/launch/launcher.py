@@ -258,13 +258,17 @@ class SweepLauncher(BaseSubmititLauncher):
     def refusal_leaves_nothing(self):
         """A refused sweep leaves nothing, as a refused run does: the multirun.yaml Hydra's sweeper wrote
         before the launcher's checks (ddl's, or Hydra's of a job's overrides) goes, with each folder of
-        DDL_HOME it leaves empty."""
+        DDL_HOME it leaves empty. A store that cannot be used (a plan asks it what is done) is such a refusal,
+        in its one line, as for a run."""
+        from ..track.store import StoreError
         try:
             yield
-        except (ConfigError, HydraException, OmegaConfBaseException):
+        except (ConfigError, HydraException, OmegaConfBaseException, StoreError) as err:
             folder = Path(str(self.config.hydra.sweep.dir))
             (folder / "multirun.yaml").unlink(missing_ok=True)
             paths.prune(folder)
+            if isinstance(err, StoreError):
+                raise ConfigError(str(err)) from None
             raise
 
     @staticmethod
